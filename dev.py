@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Set up and run phalanx from a fresh checkout with nothing but Python 3.11+.
+
+    python3 dev.py train [ARGS...]   # the main job: `phalanx train` (MNIST, resolved strategy)
+    python3 dev.py test  [PYTEST...] # ruff, then the test suite at 8 and at 3 fake CPU devices
+    python3 dev.py run CMD [ARGS...] # any command inside the project's environment
+
+Each command creates `.venv` beside this file on first use and installs the project into it
+(again whenever pyproject.toml changes), so nothing has to be installed by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("PHALANX_VENV", ROOT / ".venv"))
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / ("python.exe" if os.name == "nt" else "python")
+STAMP = VENV / ".phalanx-installed"
+# pytest exits 5 when it collected nothing; a filtered run that selects nothing is not a failure.
+PYTEST_NO_TESTS = 5
+
+
+def _call(*cmd: str | os.PathLike, env: dict | None = None) -> int:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
+
+
+def ensure_env(extras: str) -> None:
+    """Create the virtual environment and install the project with `extras` when needed."""
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == wanted:
+        return
+    if not PY.exists():
+        print(f"creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True, upgrade_deps=False).create(VENV)
+    if _call(PY, "-m", "pip", "install", "-q", "--upgrade", "pip") != 0:
+        sys.exit("could not upgrade pip in the virtual environment")
+    if _call(PY, "-m", "pip", "install", "-q", "-e", f".[{extras}]" if extras else ".") != 0:
+        sys.exit("installing phalanx failed; see pip's output above")
+    STAMP.write_text(wanted)
+
+
+def run_tests(pytest_args: list[str]) -> int:
+    ensure_env("test")
+    for check in (("check", "."), ("format", "--check", ".")):
+        if _call(PY, "-m", "ruff", *check) != 0:
+            return 1
+    env = dict(os.environ)
+    env.pop("PHALANX_TEST_DEVICES", None)
+    rc = _call(PY, "-m", "pytest", "-q", *pytest_args, env=env)
+    if rc not in (0, PYTEST_NO_TESTS):
+        return rc
+    # Once more at another device count, to catch code that assumes 8 replicas.
+    env["PHALANX_TEST_DEVICES"] = "3"
+    rc3 = _call(PY, "-m", "pytest", "-q", "-m", "multidevice", *pytest_args, env=env)
+    if rc3 not in (0, PYTEST_NO_TESTS):
+        return rc3
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "test":
+        return run_tests(rest)
+    if command == "train":
+        ensure_env("")
+        return _call(BIN / "phalanx", "train", *rest)
+    if command == "run":
+        ensure_env("test")
+        return _call(BIN / rest[0], *rest[1:]) if rest else 0
+    print(f"unknown command {command!r}; use one of: train, test, run", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""phalanx: tf.distribute's programming model on JAX."""

@@ -1,0 +1,79 @@
+"""Test configuration: fake CPU devices, fail-fast collectives, hermetic tests.
+
+The device count is set here, once, before JAX initializes its backend. `dev.py test` runs the
+suite at 8 devices and then the `multidevice` tests again with PHALANX_TEST_DEVICES=3.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+NUM_DEVICES = int(os.environ.get("PHALANX_TEST_DEVICES", "8"))
+os.environ["XLA_FLAGS"] = " ".join(
+    [
+        os.environ.get("XLA_FLAGS", ""),
+        f"--xla_force_host_platform_device_count={NUM_DEVICES}",
+        # A stuck collective fails the test in seconds instead of stalling CI.
+        "--xla_cpu_collective_call_warn_stuck_timeout_seconds=10",
+        "--xla_cpu_collective_call_terminate_timeout_seconds=30",
+    ]
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", NUM_DEVICES)
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(os.environ.get("PHALANX_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def mnist_path() -> Path:
+    """The offline MNIST file shared by the project (never downloaded in tests)."""
+    path = DATA_DIR / "mnist.npz"
+    if not path.exists():
+        pytest.fail(f"offline MNIST not found at {path}; set PHALANX_DATA_DIR to its folder")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads():
+    """Fail a test that leaves threads behind (prefetchers, loggers)."""
+    before = set(threading.enumerate())
+    yield
+    for _ in range(50):
+        leaked = [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and t.name.startswith("phalanx")
+        ]
+        if not leaked:
+            return
+        threading.Event().wait(0.02)
+    pytest.fail(f"test leaked threads: {[t.name for t in leaked]}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_env():
+    """Fail a test that changes os.environ without restoring it."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        changed = sorted(set(before.items()) ^ set(os.environ.items()))
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"test leaked environment changes: {changed}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_strategy_stack():
+    """Every test starts outside any strategy scope."""
+    from phalanx._src.strategy import state
+
+    saved = state.STACK.snapshot()
+    yield
+    state.STACK.restore(saved)
