@@ -60,11 +60,16 @@ def _no_leaked_threads():
 @pytest.fixture(autouse=True)
 def _no_leaked_env():
     """Fail a test that changes os.environ without restoring it."""
-    before = dict(os.environ)
+
+    def snapshot():
+        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+    before = snapshot()
     yield
-    if dict(os.environ) != before:
-        changed = sorted(set(before.items()) ^ set(os.environ.items()))
-        os.environ.clear()
+    if snapshot() != before:
+        changed = sorted(set(before.items()) ^ set(snapshot().items()))
+        for key in set(snapshot()) - set(before):
+            del os.environ[key]
         os.environ.update(before)
         pytest.fail(f"test leaked environment changes: {changed}")
 

@@ -1,1 +1,40 @@
-"""phalanx: tf.distribute's programming model on JAX."""
+"""phalanx: tf.distribute's programming model, on JAX.
+
+Resolve the hardware, open a strategy scope, build the model, then `fit` it, or write a
+custom loop whose step runs once per replica:
+
+    import phalanx
+    strategy = phalanx.Strategy()
+    with strategy.scope():
+        model = ...                      # Flax NNX module, replicated
+    per_replica = strategy.run(step, args=(model, optimizer, batch))
+    loss = strategy.reduce("sum", per_replica, axis=None)
+"""
+
+from phalanx._src.strategy.distribute import InputContext as InputContext
+from phalanx._src.strategy.loss import compute_average_loss as compute_average_loss
+from phalanx._src.strategy.loss import scale_regularization_loss as scale_regularization_loss
+from phalanx._src.strategy.reduce_op import ReduceOp as ReduceOp
+from phalanx._src.strategy.replica_context import ReplicaContext as ReplicaContext
+from phalanx._src.strategy.replica_context import get_replica_context as get_replica_context
+from phalanx._src.strategy.strategy import Strategy as Strategy
+from phalanx._src.strategy.strategy import get_strategy as get_strategy
+from phalanx._src.strategy.strategy import has_strategy as has_strategy
+from phalanx._src.strategy.values import PerReplica as PerReplica
+from phalanx._src.strategy.values import get_batch_mask as get_batch_mask
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InputContext",
+    "PerReplica",
+    "ReduceOp",
+    "ReplicaContext",
+    "Strategy",
+    "compute_average_loss",
+    "get_batch_mask",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "scale_regularization_loss",
+]

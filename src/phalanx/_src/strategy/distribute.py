@@ -1,0 +1,202 @@
+"""Turning process-local host batches into global, padded, masked `jax.Array` batches."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from phalanx._src.strategy import layout
+from phalanx._src.strategy.values import DISTRIBUTED, attach_mask
+
+if TYPE_CHECKING:
+    from phalanx._src.strategy.strategy import Strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+    """What an input function needs to know to build its process's pipeline.
+
+    Passed to the function given to `strategy.distribute_datasets_from_function`, as
+    tf.distribute.InputContext is.
+
+    Example:
+      >>> def dataset_fn(ctx: phalanx.InputContext):
+      ...     batch = ctx.get_per_replica_batch_size(1024) * ctx.num_replicas_in_sync
+      ...     ds = phalanx.data.Dataset.from_tensor_slices((x, y))
+      ...     return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(
+      ...         batch // ctx.num_input_pipelines)
+    """
+
+    num_input_pipelines: int = 1
+    input_pipeline_id: int = 0
+    num_replicas_in_sync: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_input_pipelines < 1 or not 0 <= self.input_pipeline_id < (
+            self.num_input_pipelines
+        ):
+            raise ValueError(
+                f"input_pipeline_id {self.input_pipeline_id} is not in [0, "
+                f"{self.num_input_pipelines}); pipeline ids count from 0"
+            )
+        if self.num_replicas_in_sync < 1:
+            raise ValueError(f"num_replicas_in_sync must be >= 1, got {self.num_replicas_in_sync}")
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        """`global_batch_size // num_replicas_in_sync`; raises if it does not divide."""
+        if global_batch_size % self.num_replicas_in_sync:
+            lower = global_batch_size - global_batch_size % self.num_replicas_in_sync
+            raise ValueError(
+                f"global batch size {global_batch_size} does not split over "
+                f"{self.num_replicas_in_sync} replicas; use a multiple of "
+                f"{self.num_replicas_in_sync} (e.g. {lower or self.num_replicas_in_sync} or "
+                f"{lower + self.num_replicas_in_sync})"
+            )
+        return global_batch_size // self.num_replicas_in_sync
+
+
+def check_batch(batch: Any) -> tuple[list[np.ndarray], Any, int]:
+    """Flattens a host batch and checks that it is distributable.
+
+    Returns:
+      `(leaves, treedef, rows)`.
+
+    Raises:
+      ValueError: for an empty structure, a rank-0 leaf, or leaves whose leading dimensions
+        (the batch dimension) disagree.
+    """
+    leaves, treedef = jax.tree.flatten(batch)
+    if not leaves:
+        raise ValueError(f"a batch must hold at least one array; got {batch!r}")
+    arrays = [np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf for leaf in leaves]
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(batch)[0]]
+    for path, array in zip(paths, arrays, strict=True):
+        if array.ndim == 0:
+            raise ValueError(
+                f"batch leaf {path or '<root>'} is a scalar ({array!r}); every leaf needs a "
+                "leading batch dimension: batch the dataset (dataset.batch(n)) before "
+                "distributing it"
+            )
+    rows = {path: array.shape[0] for path, array in zip(paths, arrays, strict=True)}
+    if len(set(rows.values())) > 1:
+        raise ValueError(
+            f"batch leaves disagree on the batch dimension: {rows}; every leaf must have the "
+            "same number of rows"
+        )
+    return arrays, treedef, arrays[0].shape[0]
+
+
+def _pad(array: Any, index: np.ndarray | None, slots: int) -> Any:
+    if index is None:
+        return array
+    host = np.asarray(array)
+    if host.shape[0] == 0:
+        return np.zeros((slots, *host.shape[1:]), host.dtype)
+    return np.take(host, index, axis=0)
+
+
+class BatchDistributor:
+    """Makes global, data-sharded arrays of process-local batches, padding partial ones.
+
+    The first batch fixes the compiled rows per replica (`ceil(rows / local replicas)`, or the
+    declared global batch size); later batches may be smaller (they are padded and masked)
+    but not larger.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        global_batch_size: int | None = None,
+        drop_remainder: bool = False,
+    ) -> None:
+        self.strategy = strategy
+        self.per_replica: int | None = None
+        if global_batch_size is not None:
+            replicas = strategy.num_replicas_in_sync
+            if drop_remainder and global_batch_size % replicas:
+                lower = global_batch_size - global_batch_size % replicas
+                raise ValueError(
+                    f"global batch {global_batch_size} does not split over {replicas} replicas "
+                    f"and drop_remainder=True asks for exact splits; use a multiple of "
+                    f"{replicas} (e.g. {global_batch_size} -> {lower + replicas}) or batch with "
+                    "drop_remainder=False to pad"
+                )
+            self.per_replica = layout.rows_per_replica(global_batch_size, replicas)
+
+    def __call__(self, batch: Any) -> Any:
+        """Distributes one process-local host batch; returns the masked global batch."""
+        leaves, treedef, rows = check_batch(batch)
+        strategy = self.strategy
+        local = strategy.num_local_replicas
+        if self.per_replica is None:
+            self.per_replica = layout.rows_per_replica(rows, local)
+        slots = local * self.per_replica
+        if rows == slots:
+            index, mask = None, np.ones(slots, dtype=bool)
+        else:
+            index, mask = layout.padded_index(rows, local, self.per_replica)
+        sharding = strategy.data_sharding
+        global_rows = strategy.num_replicas_in_sync * self.per_replica
+        arrays = [
+            jax.make_array_from_process_local_data(
+                sharding, _pad(leaf, index, slots), (global_rows, *np.shape(leaf)[1:])
+            )
+            for leaf in leaves
+        ]
+        global_mask = jax.make_array_from_process_local_data(sharding, mask, (global_rows,))
+        for array in arrays:
+            DISTRIBUTED.register(array, global_mask)
+        return attach_mask(jax.tree.unflatten(treedef, arrays), global_mask)
+
+
+class DistributedDataset:
+    """An iterable of global batches made from a process-local iterable of host batches.
+
+    Returned by `strategy.experimental_distribute_dataset` (alias `strategy.distribute`).
+    Iterating yields the dataset's own structure (tuple, dict, ...) of global `jax.Array`s
+    sharded along the data axis; a partial last batch is padded to the compiled shape and its
+    mask travels with it (`phalanx.get_batch_mask(batch)` reads it).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        make_iterable: Callable[[], Iterable[Any]],
+        *,
+        global_batch_size: int | None = None,
+        drop_remainder: bool = False,
+    ) -> None:
+        self._strategy = strategy
+        self._make_iterable = make_iterable
+        # Validate the declared split now, before anything is iterated or compiled.
+        self._distributor = BatchDistributor(
+            strategy, global_batch_size=global_batch_size, drop_remainder=drop_remainder
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        return DistributedIterator(iter(self._make_iterable()), self._distributor)
+
+
+class DistributedIterator:
+    """Iterator over global batches; `get_state`/`set_state` delegate to the source."""
+
+    def __init__(self, source: Iterator[Any], distributor: BatchDistributor) -> None:
+        self._source = source
+        self._distributor = distributor
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._distributor(next(self._source))
+
+    def get_state(self) -> Any:
+        return self._source.get_state()  # type: ignore[attr-defined]
+
+    def set_state(self, state: Any) -> None:
+        self._source.set_state(state)  # type: ignore[attr-defined]

@@ -1,0 +1,257 @@
+"""`strategy.run`: a function once per replica, under `jax.shard_map`, with TF's semantics.
+
+What a replica function sees:
+  * distributed batches and `PerReplica` values: this replica's share;
+  * everything else (parameters, optimizer state, NNX modules, constants): this replica's own
+    copy. As in tf.distribute, a gradient taken inside the function is the replica's local
+    gradient, and `ReplicaContext.all_reduce` sums real per-replica values.
+
+What comes back:
+  * a leaf that is the same on every replica by construction (the result of an all_reduce,
+    or computed only from such values) as a plain replicated `jax.Array` (tf's mirrored
+    value: `strategy.reduce` SUMs it once per replica, MEAN returns it);
+  * any other leaf as a `PerReplica`;
+  * NNX modules passed in (models, optimizers, metrics) are updated in place: their variables
+    take replica 0's value, as tf.distribute's mirrored variables do, except metric state
+    (`nnx.metrics.MetricState`), where every replica's increments are summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from phalanx._src.strategy.replica_context import ReplicaContext, replica_scope
+from phalanx._src.strategy.values import (
+    DISTRIBUTED,
+    MIRRORED,
+    MaskedBatch,
+    PerReplica,
+    find_mask,
+    unmask,
+)
+
+if TYPE_CHECKING:
+    from phalanx._src.strategy.strategy import Strategy
+
+_DATA, _REPLICATED, _PER_REPLICA, _NODE, _STATIC = "data", "replicated", "per_replica", "node", ""
+
+
+def _is_node(node: Any) -> bool:
+    return nnx.graph.is_graph_node(node)
+
+
+def _stop(node: Any) -> bool:
+    return isinstance(node, MaskedBatch | PerReplica) or _is_node(node)
+
+
+def _is_varying(x: jax.Array, axis: str) -> bool:
+    return axis in jax.typeof(x).manual_axis_type.varying
+
+
+def _to_varying(x: jax.Array, axis: str) -> jax.Array:
+    return x if _is_varying(x, axis) else lax.pcast(x, axis, to="varying")
+
+
+class _Plan:
+    """How one call's arguments enter the replica function; hashable for the compile cache."""
+
+    def __init__(self, strategy: Strategy, args: tuple, kwargs: dict) -> None:
+        data_ids: set[int] = set()
+
+        def strip(node: Any) -> Any:
+            if isinstance(node, MaskedBatch):
+                plain = unmask(node)
+                data_ids.update(id(leaf) for leaf in jax.tree.leaves(plain))
+                return plain
+            return node
+
+        self.mask = find_mask((args, kwargs))
+        tree = jax.tree.map(strip, (tuple(args), dict(kwargs)), is_leaf=_stop)
+        leaves, self.treedef = jax.tree.flatten(tree, is_leaf=_stop)
+        self.kinds: list[str] = []
+        self.statics: list[Any] = []
+        self.arrays: list[Any] = []
+        nodes = []
+        axis = strategy.axis_name
+        for leaf in leaves:
+            if _is_node(leaf):
+                kind = _NODE
+                nodes.append(leaf)
+            elif isinstance(leaf, PerReplica):
+                kind = _PER_REPLICA
+                self.arrays.append(leaf.stacked)
+            elif isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | bool):
+                sharded = id(leaf) in data_ids or DISTRIBUTED.mask_of(leaf) is not None
+                if not sharded and isinstance(leaf, jax.Array):
+                    sharding = getattr(leaf, "sharding", None)
+                    sharded = (
+                        isinstance(sharding, NamedSharding)
+                        and len(sharding.spec) > 0
+                        and sharding.spec[0] == axis
+                    )
+                kind = _DATA if sharded else _REPLICATED
+                self.arrays.append(leaf)
+            else:
+                kind = _STATIC
+                self.statics.append(leaf)
+            self.kinds.append(kind)
+        self.nodes = nodes
+        self.graphdef, self.node_state = nnx.split(nodes) if nodes else (None, None)
+
+    def key(self, fn: Callable) -> tuple:
+        shapes = tuple((np.shape(a), str(jnp.result_type(a))) for a in self.arrays)
+        try:
+            statics = tuple(self.statics)
+            hash(statics)
+        except TypeError:
+            statics = tuple(id(s) for s in self.statics)
+        mask_shape = None if self.mask is None else tuple(self.mask.shape)
+        return (fn, self.treedef, tuple(self.kinds), statics, self.graphdef, shapes, mask_shape)
+
+
+def _node_write_back(var_types: list[type], old: list, new: list, axis: str) -> list:
+    """New values of module variables, made identical on every replica."""
+    out = []
+    first = lax.axis_index(axis) == 0
+    for var_type, before, after in zip(var_types, old, new, strict=True):
+        if not _is_varying(after, axis):
+            out.append(after)
+        elif issubclass(var_type, nnx.metrics.MetricState):
+            out.append(before + lax.psum(after - before, axis))
+        else:
+            out.append(lax.psum(jnp.where(first, after, jnp.zeros_like(after)), axis))
+    return out
+
+
+def _variables(state: Any) -> list[nnx.Variable]:
+    return jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+class _Compiled:
+    """The jitted shard_map of one replica function for one argument plan."""
+
+    def __init__(self, strategy: Strategy, fn: Callable, plan: _Plan) -> None:
+        self.strategy = strategy
+        self.fn = fn
+        self.treedef = plan.treedef
+        self.kinds = plan.kinds
+        self.statics = plan.statics
+        self.graphdef = plan.graphdef
+        self.has_mask = plan.mask is not None
+        self.var_types = [type(v) for v in _variables(plan.node_state)] if plan.nodes else []
+        self.out_varying: list[bool] | None = None
+        self.out_treedef = None
+        self._probe(plan)
+        self.call = jax.jit(self._shard_mapped(probe=False))
+
+    def _in_specs(self) -> tuple:
+        axis = self.strategy.axis_name
+        arrays = [P(axis) if k in (_DATA, _PER_REPLICA) else P() for k in self.kinds]
+        arrays = [
+            spec for spec, k in zip(arrays, self.kinds, strict=True) if k not in (_NODE, _STATIC)
+        ]
+        return (P(), arrays, P(axis))
+
+    def _body(self, probe: bool) -> Callable:
+        axis = self.strategy.axis_name
+
+        def body(node_state: Any, arrays: list, mask: Any) -> Any:
+            arrays = iter(arrays)
+            node_state = jax.tree.map(lambda x: _to_varying(jnp.asarray(x), axis), node_state)
+            merged = nnx.merge(self.graphdef, node_state) if self.graphdef is not None else []
+            nodes, statics = iter(merged), iter(self.statics)
+            leaves = []
+            for kind in self.kinds:
+                if kind == _NODE:
+                    leaves.append(next(nodes))
+                elif kind == _STATIC:
+                    leaves.append(next(statics))
+                elif kind == _PER_REPLICA:
+                    leaves.append(next(arrays)[0])
+                elif kind == _DATA:
+                    leaves.append(next(arrays))
+                else:
+                    leaves.append(_to_varying(jnp.asarray(next(arrays)), axis))
+            args, kwargs = jax.tree.unflatten(self.treedef, leaves)
+            context = ReplicaContext(self.strategy, axis, mask)
+            with replica_scope(context):
+                out = self.fn(*args, **kwargs)
+            out_leaves, out_treedef = jax.tree.flatten(out)
+            out_leaves = [jnp.asarray(x) for x in out_leaves]
+            new_state = None
+            if self.graphdef is not None:
+                new_state = nnx.state(merged)
+                old_vars, new_vars = _variables(node_state), _variables(new_state)
+                values = _node_write_back(
+                    self.var_types,
+                    [v.get_value() for v in old_vars],
+                    [v.get_value() for v in new_vars],
+                    axis,
+                )
+                for var, value in zip(new_vars, values, strict=True):
+                    var.set_value(value)
+            if probe:
+                self.out_treedef = out_treedef
+                self.out_varying = [_is_varying(x, axis) for x in out_leaves]
+                return [_to_varying(x, axis)[None] for x in out_leaves], new_state
+            stacked = [
+                x[None] if varying else x
+                for x, varying in zip(out_leaves, self.out_varying, strict=True)
+            ]
+            return stacked, new_state
+
+        return body
+
+    def _shard_mapped(self, probe: bool) -> Callable:
+        axis = self.strategy.axis_name
+        if probe:
+            out_specs: Any = (P(axis), P())
+        else:
+            out_specs = ([P(axis) if v else P() for v in self.out_varying], P())
+        return jax.shard_map(
+            self._body(probe),
+            mesh=self.strategy.mesh,
+            in_specs=self._in_specs(),
+            out_specs=out_specs,
+        )
+
+    def _probe(self, plan: _Plan) -> None:
+        jax.eval_shape(self._shard_mapped(probe=True), plan.node_state, plan.arrays, plan.mask)
+
+
+def run(strategy: Strategy, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """Runs `fn(*args, **kwargs)` once per replica; see the module docstring."""
+    if not callable(fn):
+        raise TypeError(f"strategy.run needs a function, got {fn!r}")
+    plan = _Plan(strategy, tuple(args), dict(kwargs or {}))
+    key = plan.key(fn)
+    compiled = strategy._run_cache.get(key)
+    if compiled is None:
+        compiled = _Compiled(strategy, fn, plan)
+        strategy._run_cache[key] = compiled
+    stacked, new_state = compiled.call(plan.node_state, plan.arrays, plan.mask)
+    if plan.nodes:
+        nnx.update(plan.nodes, new_state)
+    mask = plan.mask
+    outputs = []
+    for value, varying in zip(stacked, compiled.out_varying, strict=True):
+        if not varying:
+            MIRRORED.register(value)
+            outputs.append(value)
+            continue
+        rows_mask = None
+        if mask is not None and value.ndim >= 2:
+            replicas = value.shape[0]
+            if value.shape[1] * replicas == mask.shape[0]:
+                rows_mask = mask.reshape(replicas, -1)
+        outputs.append(PerReplica(value, rows_mask))
+    return jax.tree.unflatten(compiled.out_treedef, outputs)

@@ -1,0 +1,313 @@
+"""`Strategy`: synchronous data parallelism over a mesh of devices, tf.distribute's names."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from phalanx._src.strategy import reduce as reduce_lib
+from phalanx._src.strategy import run as run_lib
+from phalanx._src.strategy import state
+from phalanx._src.strategy.distribute import DistributedDataset, InputContext
+from phalanx._src.strategy.reduce_op import ReduceOp
+from phalanx._src.strategy.values import PerReplica
+
+
+class Strategy:
+    """Synchronous data-parallel training over every device (or the ones given).
+
+    The strategy owns a 1-D `jax.sharding.Mesh` whose data axis spans all replicas. State is
+    replicated over it; batches are sharded along it. Build models and optimizers inside
+    `scope()` and they are created replicated; `run` executes a function once per replica;
+    `reduce` combines per-replica results. In a multi-process job, every process must build the
+    same strategy and call every method that communicates (`run`, `reduce`, distributing data).
+
+    Args:
+      devices: the devices to use, in replica order. Default: all global devices
+        (`jax.devices()`), across processes.
+      axis_name: the name of the data axis.
+
+    Example:
+      >>> strategy = phalanx.Strategy()
+      >>> print(strategy.num_replicas_in_sync)
+      8
+      >>> with strategy.scope():
+      ...     model = MLP(rngs=nnx.Rngs(0))        # parameters replicated on 8 devices
+    """
+
+    def __init__(self, devices: Sequence[jax.Device] | None = None, axis_name: str = "data"):
+        devices = list(jax.devices() if devices is None else devices)
+        if not devices:
+            raise ValueError("Strategy needs at least one device; got an empty list")
+        if len({d.id for d in devices}) != len(devices):
+            raise ValueError(f"Strategy got the same device twice: {devices}")
+        self._devices = tuple(devices)
+        self._axis_name = axis_name
+        self._mesh = Mesh(np.array(devices), (axis_name,), axis_types=(AxisType.Auto,))
+        self._run_cache: dict[Any, Any] = {}
+        self._scope_stack: list[contextlib.ExitStack] = []
+
+    # ---- topology -------------------------------------------------------------------------
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Number of replicas that step in lockstep (the data axis size)."""
+        return len(self._devices)
+
+    @property
+    def num_local_replicas(self) -> int:
+        """Replicas on this process's devices."""
+        me = jax.process_index()
+        return sum(d.process_index == me for d in self._devices)
+
+    @property
+    def devices(self) -> tuple[jax.Device, ...]:
+        return self._devices
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    @property
+    def axis_name(self) -> str:
+        return self._axis_name
+
+    @property
+    def replicated_sharding(self) -> NamedSharding:
+        """Sharding of state: a full copy on every replica."""
+        return NamedSharding(self._mesh, P())
+
+    @property
+    def data_sharding(self) -> NamedSharding:
+        """Sharding of batches: rows split along the data axis."""
+        return NamedSharding(self._mesh, P(self._axis_name))
+
+    def __repr__(self) -> str:
+        kind = self._devices[0].platform
+        return f"Strategy(num_replicas_in_sync={self.num_replicas_in_sync}, platform={kind!r})"
+
+    # ---- scope and state ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Strategy]:
+        """Makes this the current strategy; arrays and NNX variables created inside are
+        replicated over its devices. Nesting works; the outer scope is restored on exit.
+
+        Example:
+          >>> with strategy.scope():
+          ...     model = MLP(rngs=nnx.Rngs(0))
+          ...     optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+        """
+        state.STACK.push(self)
+        try:
+            with jax.set_mesh(self._mesh):
+                yield self
+        finally:
+            state.STACK.pop(self)
+
+    def replicate(self, tree: Any) -> Any:
+        """Places `tree` (a pytree of arrays, or NNX modules/optimizers/metrics) replicated.
+
+        NNX objects are updated in place and returned; pytrees are returned as new arrays.
+        Objects built inside `scope()` are already replicated; this is for ones built outside.
+
+        Example:
+          >>> model = strategy.replicate(MLP(rngs=nnx.Rngs(0)))
+        """
+        sharding = self.replicated_sharding
+        nodes = [leaf for leaf in jax.tree.leaves(tree, is_leaf=nnx.graph.is_graph_node)]
+        if any(nnx.graph.is_graph_node(leaf) for leaf in nodes):
+            graph_nodes = [n for n in nodes if nnx.graph.is_graph_node(n)]
+            nnx.update(graph_nodes, jax.device_put(nnx.state(graph_nodes), sharding))
+            return jax.tree.map(
+                lambda x: x if nnx.graph.is_graph_node(x) else jax.device_put(x, sharding),
+                tree,
+                is_leaf=nnx.graph.is_graph_node,
+            )
+        return jax.device_put(tree, sharding)
+
+    # ---- data -----------------------------------------------------------------------------
+    def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
+        """Turns an iterable of global batches into global arrays sharded over the replicas.
+
+        Each batch keeps its structure (tuple, dict, namedtuple...); each leaf becomes a global
+        `jax.Array` whose rows are spread over replicas as tf.distribute spreads them (ceil(B/N)
+        per replica, in order). A partial last batch is padded to the first batch's shape, so
+        nothing recompiles, and carries a mask (`phalanx.get_batch_mask`) that
+        `compute_average_loss`, `reduce` and metrics honour by themselves.
+
+        In a multi-process job, a phalanx dataset yields every process only its share of each
+        global batch; any other iterable must already yield process-local batches (as with
+        `distribute_datasets_from_function`).
+
+        Raises:
+          ValueError: when the dataset was batched with `drop_remainder=True` and its batch
+            does not split over the replicas.
+
+        Example:
+          >>> ds = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(1024)
+          >>> for batch in strategy.experimental_distribute_dataset(ds):
+          ...     strategy.run(train_step, args=(batch,))
+        """
+        batch_size = getattr(dataset, "batch_size", None)
+        drop_remainder = bool(getattr(dataset, "drop_remainder", False))
+        source = dataset
+        if jax.process_count() > 1 and hasattr(dataset, "process_split"):
+            source = dataset.process_split(jax.process_index(), jax.process_count())
+        return DistributedDataset(
+            self,
+            lambda: source,
+            global_batch_size=batch_size if isinstance(batch_size, int) else None,
+            drop_remainder=drop_remainder,
+        )
+
+    distribute = experimental_distribute_dataset
+
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Iterable[Any]]
+    ) -> DistributedDataset:
+        """Builds each process's pipeline with `dataset_fn(input_context)` and distributes it.
+
+        `dataset_fn` must yield this process's batches (the global batch divided by
+        `num_input_pipelines`); the result behaves like `experimental_distribute_dataset`'s.
+
+        Example:
+          >>> def dataset_fn(ctx):
+          ...     per_replica = ctx.get_per_replica_batch_size(1024)
+          ...     return make_pipeline(ctx.input_pipeline_id).batch(per_replica * local_replicas)
+          >>> dist = strategy.distribute_datasets_from_function(dataset_fn)
+        """
+        context = InputContext(
+            num_input_pipelines=jax.process_count(),
+            input_pipeline_id=jax.process_index(),
+            num_replicas_in_sync=self.num_replicas_in_sync,
+        )
+        dataset = dataset_fn(context)
+        batch_size = getattr(dataset, "batch_size", None)
+        global_batch = (
+            batch_size * context.num_input_pipelines if isinstance(batch_size, int) else None
+        )
+        return DistributedDataset(
+            self,
+            lambda: dataset,
+            global_batch_size=global_batch,
+            drop_remainder=bool(getattr(dataset, "drop_remainder", False)),
+        )
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:
+        """Builds one value per replica with `value_fn(context)`; returns `PerReplica` leaves.
+
+        `context` has `replica_id_in_sync_group` and `num_replicas_in_sync` (Python ints).
+
+        Example:
+          >>> v = strategy.experimental_distribute_values_from_function(
+          ...     lambda ctx: jnp.arange(4) + 4 * ctx.replica_id_in_sync_group)
+          >>> strategy.reduce("sum", v, axis=None)   # [4, 6, 8, 10] on 2 replicas
+        """
+        values = [
+            value_fn(_ValueContext(r, self.num_replicas_in_sync))
+            for r in range(self.num_replicas_in_sync)
+        ]
+        sharding = self.data_sharding
+
+        def stack(*leaves: Any) -> PerReplica:
+            return PerReplica(jax.device_put(np.stack([np.asarray(x) for x in leaves]), sharding))
+
+        return jax.tree.map(stack, *values)
+
+    # ---- computation ----------------------------------------------------------------------
+    def run(self, fn: Callable, args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
+        """Runs `fn(*args, **kwargs)` once per replica, compiled (`jax.shard_map` + `jax.jit`).
+
+        Inside `fn`: distributed batches and `PerReplica` values are this replica's share;
+        everything else, including NNX modules and parameters, is this replica's own copy,
+        so `jax.grad` gives the replica's local gradient (reduce it with
+        `phalanx.get_replica_context().all_reduce("sum", grads)`, as tf.distribute's optimizer
+        does). NNX modules passed in are updated in place afterwards (replica 0's values, as
+        mirrored variables are; metric state summed over replicas).
+
+        Returns:
+          `fn`'s output structure: leaves that are identical on every replica (results of
+          `all_reduce`) as replicated arrays, all others as `PerReplica`, whatever the number
+          of replicas.
+
+        Example:
+          >>> def step(model, optimizer, batch):
+          ...     x, y = batch
+          ...     def loss_fn(model):
+          ...         per_example = optax.softmax_cross_entropy_with_integer_labels(model(x), y)
+          ...         return phalanx.compute_average_loss(per_example)
+          ...     loss, grads = nnx.value_and_grad(loss_fn)(model)
+          ...     grads = phalanx.get_replica_context().all_reduce("sum", grads)
+          ...     optimizer.update(model, grads)
+          ...     return loss
+          >>> per_replica_loss = strategy.run(step, args=(model, optimizer, batch))
+          >>> loss = strategy.reduce("sum", per_replica_loss, axis=None)
+        """
+        return run_lib.run(self, fn, tuple(args), kwargs)
+
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
+        """Combines per-replica values into one, as tf.distribute.Strategy.reduce does.
+
+        With `axis=None`, replica values are combined elementwise (MEAN divides by the number
+        of replicas). With an `axis`, each replica's value is first reduced along it and MEAN
+        divides by the total number of elements along that axis over all replicas. Padded
+        rows of a partial batch never count. A plain array (the same on every replica) is
+        returned by MEAN and rejected by SUM.
+
+        Args:
+          reduce_op: `ReduceOp` or "sum" / "mean" / "max" / "min".
+          value: a pytree of `PerReplica` values (from `run`) or distributed batch arrays.
+          axis: None, or the per-replica axis to reduce along as well.
+
+        Example:
+          >>> strategy.reduce("mean", per_replica_batch, axis=0)
+        """
+        return reduce_lib.reduce(self, reduce_op, value, axis)
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The per-replica parts of `value` on this process, as a tuple (one item per replica)."""
+        leaves, treedef = jax.tree.flatten(value, is_leaf=lambda x: isinstance(x, PerReplica))
+        if not any(isinstance(x, PerReplica) for x in leaves):
+            return (value,)
+        local = self.num_local_replicas
+        first = [d.process_index for d in self._devices].index(jax.process_index())
+        per_leaf = [
+            x.values[first : first + local] if isinstance(x, PerReplica) else (x,) * local
+            for x in leaves
+        ]
+        return tuple(jax.tree.unflatten(treedef, parts) for parts in zip(*per_leaf, strict=True))
+
+
+class _ValueContext:
+    def __init__(self, replica_id: int, num_replicas: int) -> None:
+        self.replica_id_in_sync_group = replica_id
+        self.num_replicas_in_sync = num_replicas
+
+
+_DEFAULT: dict[str, Strategy] = {}
+
+
+def get_strategy() -> Strategy:
+    """The strategy of the innermost open `scope()`, else a default one-device strategy.
+
+    Example:
+      >>> phalanx.get_strategy().num_replicas_in_sync    # outside any scope
+      1
+    """
+    current = state.STACK.current()
+    if current is not None:
+        return current
+    if "default" not in _DEFAULT:
+        _DEFAULT["default"] = Strategy(devices=jax.local_devices()[:1])
+    return _DEFAULT["default"]
+
+
+def has_strategy() -> bool:
+    """True inside some strategy's `scope()`."""
+    return state.STACK.current() is not None
