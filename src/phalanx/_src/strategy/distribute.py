@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from phalanx._src.strategy import layout
 from phalanx._src.strategy.values import DISTRIBUTED, attach_mask
@@ -128,30 +130,60 @@ class BatchDistributor:
                 )
             self.per_replica = layout.rows_per_replica(global_batch_size, replicas)
 
-    def __call__(self, batch: Any) -> Any:
-        """Distributes one process-local host batch; returns the masked global batch."""
+    def _local(self, batch: Any) -> tuple[list[Any], np.ndarray, Any]:
+        """This process's padded rows of `batch`: (leaves, mask, treedef)."""
         leaves, treedef, rows = check_batch(batch)
-        strategy = self.strategy
-        local = strategy.num_local_replicas
+        local = self.strategy.num_local_replicas
         if self.per_replica is None:
             self.per_replica = layout.rows_per_replica(rows, local)
         slots = local * self.per_replica
         if rows == slots:
-            index, mask = None, np.ones(slots, dtype=bool)
-        else:
-            index, mask = layout.padded_index(rows, local, self.per_replica)
-        sharding = strategy.data_sharding
-        global_rows = strategy.num_replicas_in_sync * self.per_replica
+            return leaves, np.ones(slots, dtype=bool), treedef
+        index, mask = layout.padded_index(rows, local, self.per_replica)
+        return [_pad(leaf, index, slots) for leaf in leaves], mask, treedef
+
+    def _global(self, local: Any, sharding: Any, leading: tuple[int, ...]) -> jax.Array:
+        rows = self.strategy.num_replicas_in_sync * self.per_replica
+        shape = (*leading, rows, *np.shape(local)[len(leading) + 1 :])
+        return jax.make_array_from_process_local_data(sharding, local, shape)
+
+    def arrays(self, batch: Any) -> tuple[Any, jax.Array]:
+        """Distributes one process-local host batch: `(global batch, global mask)`."""
+        leaves, mask, treedef = self._local(batch)
+        sharding = self.strategy.data_sharding
+        arrays = [self._global(leaf, sharding, ()) for leaf in leaves]
+        return jax.tree.unflatten(treedef, arrays), self._global(mask, sharding, ())
+
+    def __call__(self, batch: Any) -> Any:
+        """Distributes one process-local host batch; returns the masked global batch."""
+        arrays, mask = self.arrays(batch)
+        for array in jax.tree.leaves(arrays):
+            DISTRIBUTED.register(array, mask)
+        return attach_mask(arrays, mask)
+
+    def stacked(self, batches: list[Any], k: int) -> tuple[Any, jax.Array]:
+        """Distributes up to `k` host batches as one `(k, rows, ...)` batch for a scan.
+
+        Missing batches (fewer than `k` left in an epoch) are all padding: the step sees an
+        all-False mask and changes nothing.
+
+        Returns:
+          `(batch, mask)`: the batch structure of `(k, rows, ...)` global arrays sharded on
+          axis 1, and the `(k, rows)` mask.
+        """
+        if not 1 <= len(batches) <= k:
+            raise ValueError(f"stacked() takes 1 to {k} batches, got {len(batches)}")
+        locals_ = [self._local(batch) for batch in batches]
+        leaves0, _, treedef = locals_[0]
+        empty = [np.zeros((0, *np.shape(x)[1:]), np.asarray(x).dtype) for x in leaves0]
+        locals_ += [self._local(jax.tree.unflatten(treedef, empty))] * (k - len(batches))
+        sharding = NamedSharding(self.strategy.mesh, P(None, self.strategy.axis_name))
         arrays = [
-            jax.make_array_from_process_local_data(
-                sharding, _pad(leaf, index, slots), (global_rows, *np.shape(leaf)[1:])
-            )
-            for leaf in leaves
+            self._global(np.stack([np.asarray(local[0][i]) for local in locals_]), sharding, (k,))
+            for i in range(len(leaves0))
         ]
-        global_mask = jax.make_array_from_process_local_data(sharding, mask, (global_rows,))
-        for array in arrays:
-            DISTRIBUTED.register(array, global_mask)
-        return attach_mask(jax.tree.unflatten(treedef, arrays), global_mask)
+        mask = self._global(np.stack([local[1] for local in locals_]), sharding, (k,))
+        return jax.tree.unflatten(treedef, arrays), mask
 
 
 class DistributedDataset:

@@ -1,0 +1,123 @@
+"""How the loop executes K steps per call: one compiled `lax.scan`, or K single calls.
+
+`steps_per_execution=K` normally compiles K steps into one call (`lax.scan` over K stacked
+batches). On XLA:CPU a convolution inside a loop body misses the fast path and runs ~22x
+slower per step (stack-facts section 9), so there, when the step contains a convolution,
+the K steps are dispatched as single compiled calls instead; logs are still fetched only
+every K steps. Either way the model never runs slower than with K = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from phalanx._src.strategy.distribute import BatchDistributor
+from phalanx._src.train.step import scanned
+
+if TYPE_CHECKING:
+    from phalanx._src.train.model import Model
+
+SCAN, LOOP = "scan", "loop"
+
+
+def _tick(state: dict) -> jax.Array:
+    """A scalar that is ready when the call is done, to bound the calls in flight."""
+    return jnp.sum(jax.tree.leaves(state["metrics"])[0])
+
+
+def _jit_phase(model: Model, phase: str, many: bool) -> Callable:
+    steps = model.steps
+    repl = model.strategy.replicated_sharding
+    if phase == "train":
+        one = steps.train
+
+        def call(state, batch, mask):
+            state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
+            return state, _tick(state)
+
+        return jax.jit(call, donate_argnums=0, out_shardings=(repl, repl))
+
+    def one_test(state, batch, mask):
+        return steps.test(state, batch, mask)
+
+    def call_test(metrics, frozen, batch, mask):
+        state = {**frozen, "metrics": metrics}
+        state = (scanned(one_test, unroll=False) if many else one_test)(state, batch, mask)
+        return state["metrics"], _tick(state)
+
+    return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl))
+
+
+def compiled(model: Model, phase: str, many: bool) -> Callable:
+    key = (phase, many)
+    fn = model._compiled_fns.get(key)
+    if fn is None:
+        fn = model._compiled_fns[key] = _jit_phase(model, phase, many)
+    return fn
+
+
+def choose_mode(model: Model, batch: Any, mask: jax.Array) -> str:
+    """SCAN, unless the step has a convolution and runs on XLA:CPU (then LOOP)."""
+    mode = model._compiled_fns.get("mode")
+    if mode is None:
+        mode = SCAN
+        if model.strategy.devices[0].platform == "cpu":
+            hlo = jax.jit(model.steps.train).lower(model._state, batch, mask).as_text()
+            if "convolution" in hlo:
+                mode = LOOP
+        model._compiled_fns["mode"] = mode
+    return mode
+
+
+class Runner:
+    """Turns groups of host batches into device inputs and runs them for one phase."""
+
+    def __init__(self, model: Model, phase: str, k: int, distributor: BatchDistributor) -> None:
+        self.model = model
+        self.phase = phase
+        self.k = k
+        self.distributor = distributor
+        self.mode: str | None = None if k > 1 else LOOP
+
+    def put(self, group: list[Any]) -> tuple[str, Any, int]:
+        """Device input for a group of up to K host batches (runs in the consumer thread)."""
+        if self.mode is None:
+            batch, mask = self.distributor.arrays(group[0])
+            self.mode = choose_mode(self.model, batch, mask)
+            if self.mode == LOOP:
+                rest = [self.distributor.arrays(b) for b in group[1:]]
+                return LOOP, [(batch, mask), *rest], len(group)
+        if self.mode == SCAN:
+            return SCAN, self.distributor.stacked(group, self.k), len(group)
+        return LOOP, [self.distributor.arrays(b) for b in group], len(group)
+
+    @staticmethod
+    def batches_in(item: tuple[str, Any, int]) -> int:
+        return item[2]
+
+    def execute(self, item: tuple[str, Any, int]) -> jax.Array:
+        """Runs the item's steps on the model's state; returns a tick to wait on."""
+        mode, payload, _ = item
+        calls = [payload] if mode == SCAN else payload
+        fn = compiled(self.model, self.phase, many=mode == SCAN)
+        model = self.model
+        tick = None
+        for batch, mask in calls:
+            if self.phase == "train":
+                model._state, tick = fn(model._state, batch, mask)
+            else:
+                frozen = {k: v for k, v in model._state.items() if k != "metrics"}
+                metrics, tick = fn(model._state["metrics"], frozen, batch, mask)
+                model._state = {**model._state, "metrics": metrics}
+        return tick
+
+
+def predict_fn(model: Model) -> Callable:
+    fn = model._compiled_fns.get("predict")
+    if fn is None:
+        fn = model._compiled_fns["predict"] = jax.jit(model.steps.predict)
+    return fn

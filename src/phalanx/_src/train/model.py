@@ -1,0 +1,266 @@
+"""`phalanx.Model`: Keras's compile / fit / evaluate / predict for a Flax NNX module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from phalanx._src.strategy.strategy import Strategy, get_strategy
+from phalanx._src.train import losses as losses_lib
+from phalanx._src.train import optimizers as optimizers_lib
+from phalanx._src.train import precision as precision_lib
+from phalanx._src.train.accumulation import accumulate_gradients
+from phalanx._src.train.metrics import registry as metrics_registry
+from phalanx._src.train.metrics.mean import Mean
+from phalanx._src.train.step import Steps
+
+
+def _check_steps(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}; e.g. {name}=1")
+    return value
+
+
+class Model:
+    """A Flax NNX module with Keras's training API, data-parallel over a strategy.
+
+    Build it inside `strategy.scope()` (or pass `strategy=`) and it trains on every replica
+    of that strategy; otherwise on the default one-device strategy. `fit`, `evaluate` and
+    `predict` give the numbers one device would give on the same global batches, whatever the
+    number of replicas, and see every example exactly once.
+
+    Args:
+      module: a Flax NNX module mapping a batch of inputs to predictions.
+      strategy: the strategy to train on; default: `phalanx.get_strategy()` at construction.
+
+    Example:
+      >>> strategy = phalanx.Strategy()
+      >>> with strategy.scope():
+      ...     model = phalanx.Model(MLP(rngs=nnx.Rngs(0)))
+      ...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+      ...                   metrics=["accuracy"])
+      >>> history = model.fit(x_train, y_train, batch_size=128 * 8, epochs=5)
+      >>> model.evaluate(x_test, y_test)
+      {'loss': 0.08, 'sparse_categorical_accuracy': 0.975}
+    """
+
+    def __init__(self, module: nnx.Module, *, strategy: Strategy | None = None) -> None:
+        if not nnx.graph.is_graph_node(module):
+            raise TypeError(
+                f"phalanx.Model wraps a Flax NNX module, got {type(module).__name__}; define "
+                "the network as an nnx.Module (e.g. class MLP(nnx.Module): ...)"
+            )
+        self.strategy = strategy if strategy is not None else get_strategy()
+        self._module = self.strategy.replicate(module)
+        self.stop_training = False
+        self.history: Any = None
+        self.compiled = False
+        self._state: dict | None = None
+        self._compiled_fns: dict[Any, Callable] = {}
+        self._step_hooks: list[Callable[[int, Any], None]] = []
+        self._fit_epoch = 0
+        self._fit_resume: dict | None = None
+
+    # ---- compile --------------------------------------------------------------------------
+    def compile(
+        self,
+        optimizer: str | optax.GradientTransformation = "rmsprop",
+        loss: str | Callable | None = None,
+        metrics: Sequence[Any] | None = None,
+        *,
+        steps_per_execution: int | str = 1,
+        gradient_accumulation_steps: int = 1,
+        precision: str | precision_lib.Policy | None = None,
+    ) -> None:
+        """Configures training, as `keras.Model.compile`.
+
+        Args:
+          optimizer: an optax transformation or a Keras name ('adam', 'sgd', 'adamw',
+            'rmsprop') with Keras's defaults (see `phalanx.optimizers.get` for clipping and
+            learning rates).
+          loss: a Keras loss name, a `phalanx.losses` object, or `fn(y_true, y_pred)`
+            returning per-example losses.
+          metrics: Keras metric names ('accuracy', ...) or `phalanx.metrics` objects.
+          steps_per_execution: K optimizer steps per compiled call (K batches in one
+            `lax.scan`); batch-level callbacks then fire every K steps. 'auto' picks K.
+          gradient_accumulation_steps: k batches per optimizer update; the update equals one
+            step on the k batches together.
+          precision: 'float32', 'mixed_bfloat16' or 'mixed_float16' (dynamic loss scaling);
+            default: `phalanx.mixed_precision.global_policy()`.
+
+        Raises:
+          ValueError: for an unknown name or a non-positive step count.
+        """
+        if loss is None:
+            raise ValueError(
+                "compile() needs a loss, e.g. loss='sparse_categorical_crossentropy' or a "
+                "function (y_true, y_pred) -> per-example loss"
+            )
+        if steps_per_execution != "auto":
+            _check_steps(steps_per_execution, "steps_per_execution")
+        accumulation = _check_steps(gradient_accumulation_steps, "gradient_accumulation_steps")
+        self.policy = precision_lib.get(precision)
+        self.loss = losses_lib.get(loss)
+        inner = optimizers_lib.get(optimizer)
+        tx = accumulate_gradients(inner, accumulation)
+        if self.policy.loss_scaling:
+            tx = precision_lib.loss_scale_optimizer(tx)
+        self.optimizer = tx
+        self.steps_per_execution = steps_per_execution
+        self.gradient_accumulation_steps = accumulation
+        self.loss_tracker = Mean(name="loss")
+        self.metrics = [self._resolve_metric(m) for m in (metrics or [])]
+        names = [m.name for m in [self.loss_tracker, *self.metrics]]
+        if len(set(names)) != len(names):
+            raise ValueError(f"metric names must be unique, got {names}; pass name=... to one")
+        self._build_state()
+        self.compiled = True
+
+    def _resolve_metric(self, metric: Any) -> Any:
+        return metrics_registry.get(metric, loss=self.loss)
+
+    def _build_state(self) -> None:
+        module = self._module
+        if hasattr(module, "train"):
+            module.train()
+        train_graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+        if hasattr(module, "eval"):
+            module.eval()
+        eval_graphdef = nnx.graphdef(module)
+        if hasattr(module, "train"):
+            module.train()
+        params = jax.tree.map(
+            lambda p: (
+                p.astype(self.policy.param_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p
+            ),
+            params,
+        )
+        metrics_graphdef, metrics_state = nnx.split([self.loss_tracker, *self.metrics])
+        self.steps = Steps(
+            train_graphdef=train_graphdef,
+            eval_graphdef=eval_graphdef,
+            metrics_graphdef=metrics_graphdef,
+            loss=self.loss,
+            tx=self.optimizer,
+            policy=self.policy,
+            scale_loss=precision_lib.scale_loss,
+        )
+        state = {
+            "params": params,
+            "rest": rest,
+            "opt": self.optimizer.init(params),
+            "metrics": metrics_state,
+        }
+        self._state = self.strategy.replicate(state)
+        self._compiled_fns.clear()
+
+    # ---- state access ---------------------------------------------------------------------
+    def _check_compiled(self, what: str) -> None:
+        if not self.compiled:
+            raise RuntimeError(
+                f"call model.compile(optimizer=..., loss=...) before model.{what}(); the "
+                "loss and optimizer define the compiled step"
+            )
+
+    @property
+    def module(self) -> nnx.Module:
+        """The wrapped NNX module, holding the latest trained values."""
+        if self._state is not None:
+            nnx.update(self._module, self._state["params"], self._state["rest"])
+        return self._module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @property
+    def variables(self) -> Any:
+        """The module's variables (parameters and the rest) as an `nnx.State`."""
+        return nnx.state(self.module)
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Every module variable as a host NumPy array (a snapshot, as Keras returns)."""
+        return [np.array(x) for x in jax.tree.leaves(nnx.state(self.module))]
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """Restores variables from `get_weights()`'s list (same order and shapes)."""
+        state = nnx.state(self.module)
+        leaves, treedef = jax.tree.flatten(state)
+        if len(weights) != len(leaves):
+            raise ValueError(
+                f"set_weights got {len(weights)} arrays but the model has {len(leaves)} "
+                "variables; pass the list model.get_weights() returned"
+            )
+        for old, new in zip(leaves, weights, strict=True):
+            if np.shape(old) != np.shape(new):
+                raise ValueError(
+                    f"set_weights: shape {np.shape(new)} where the model has {np.shape(old)}"
+                )
+        new_state = jax.tree.unflatten(
+            treedef,
+            [
+                np.asarray(w, dtype=np.asarray(o).dtype)
+                for w, o in zip(weights, leaves, strict=True)
+            ],
+        )
+        nnx.update(self._module, self.strategy.replicate(new_state))
+        if self._state is not None:
+            _, params, rest = nnx.split(self._module, nnx.Param, ...)
+            self._state = {
+                **self._state,
+                **self.strategy.replicate({"params": params, "rest": rest}),
+            }
+
+    @property
+    def learning_rate(self) -> float:
+        """The optimizer's current learning rate (settable between steps)."""
+        self._check_compiled("learning_rate")
+        return optimizers_lib.learning_rate(self._state["opt"])
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self._check_compiled("learning_rate")
+        opt = optimizers_lib.set_learning_rate(self._state["opt"], value)
+        self._state = {**self._state, "opt": self.strategy.replicate(opt)}
+
+    # ---- the loops ------------------------------------------------------------------------
+    def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
+        """Trains; see `phalanx._src.train.loop.fit` for every argument (Keras's names)."""
+        from phalanx._src.train import loop
+
+        self._check_compiled("fit")
+        return loop.fit(self, x, y, **kwargs)
+
+    def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> dict[str, float]:
+        """Loss and metrics over a dataset, each example counted once; see `loop.evaluate`."""
+        from phalanx._src.train import loop
+
+        self._check_compiled("evaluate")
+        return loop.evaluate(self, x, y, **kwargs)
+
+    def predict(self, x: Any, **kwargs: Any) -> Any:
+        """Predictions for every example, in order, as NumPy; see `loop.predict`."""
+        from phalanx._src.train import loop
+
+        self._check_compiled("predict")
+        return loop.predict(self, x, **kwargs)
+
+    # ---- hooks for the loop and the checkpoint callbacks ----------------------------------
+    def _execution_k(self, phase: str) -> int:
+        """Steps per compiled call for `phase`."""
+        k = self.steps_per_execution
+        if k == "auto":
+            # One call per ~50 steps amortises dispatch; the CPU conv fallback keeps it safe.
+            return 50
+        return k
+
+    def _on_train_steps(self, steps: int, feed: Any) -> None:
+        """Called after each execution with the epoch's step count; checkpoint callbacks
+        that save every N steps hook in here (see `ModelCheckpoint`)."""
+        for hook in self._step_hooks:
+            hook(steps, feed)

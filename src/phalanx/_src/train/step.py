@@ -1,0 +1,142 @@
+"""The compiled steps: pure functions of explicit state, one per phase (train, test, predict).
+
+State is a dict pytree: `params` (the module's `nnx.Param`s, float32), `rest` (its other
+variables: batch statistics, RNG counters), `opt` (optimizer state, including the gradient
+accumulator and the loss scale), `metrics` (the metric objects' sums). A step is
+`state, batch, mask -> state`; `mask` marks the real rows of a padded batch. A batch with no
+real row (the filler of a short `steps_per_execution` group) leaves the state untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax import lax
+
+
+def unpack(batch: Any) -> tuple[Any, Any, Any]:
+    """Keras's convention: `(x,)`, `(x, y)`, `(x, y, sample_weight)`, or a bare `x`."""
+    if isinstance(batch, tuple | list) and not hasattr(batch, "_fields"):
+        if len(batch) == 1:
+            return batch[0], None, None
+        if len(batch) == 2:
+            return batch[0], batch[1], None
+        if len(batch) == 3:
+            return batch[0], batch[1], batch[2]
+        raise ValueError(
+            f"a batch tuple must be (x,), (x, y) or (x, y, sample_weight); got {len(batch)} "
+            "items. Pack several inputs into a dict or a nested tuple as x"
+        )
+    return batch, None, None
+
+
+def _row_weights(rows: int, sample_weight: Any) -> jax.Array:
+    """Per-example float32 weights; trailing weight axes (per-timestep weights) averaged."""
+    if sample_weight is None:
+        return jnp.ones((rows,), jnp.float32)
+    weight = jnp.asarray(sample_weight, jnp.float32)
+    if weight.ndim > 1:
+        weight = jnp.mean(weight, axis=tuple(range(1, weight.ndim)))
+    return jnp.broadcast_to(weight, (rows,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """Pure step functions for one compiled model; see the module docstring.
+
+    Attributes:
+      train_graphdef / eval_graphdef: the module's structure in training and inference mode.
+      metrics_graphdef: the structure of `[loss tracker, *metrics]`.
+      loss: per-example loss `(y_true, y_pred) -> (batch,)` float32.
+      tx: the full optimizer (loss scaling > accumulation > clipping > optimizer).
+      policy: the precision policy (casts for the forward pass).
+    """
+
+    train_graphdef: Any
+    eval_graphdef: Any
+    metrics_graphdef: Any
+    loss: Callable[[Any, Any], jax.Array]
+    tx: optax.GradientTransformationExtraArgs
+    policy: Any
+    scale_loss: Callable[[jax.Array, Any], jax.Array]
+
+    def forward(self, graphdef: Any, params: Any, rest: Any, x: Any) -> tuple[Any, Any]:
+        module = nnx.merge(graphdef, self.policy.cast_to_compute(params), rest)
+        y_pred = module(self.policy.cast_to_compute(x))
+        return y_pred, nnx.state(module, nnx.Not(nnx.Param))
+
+    def _update_metrics(self, metrics: Any, y: Any, y_pred: Any, per_example, sw, mask):
+        """Keras's bookkeeping: the loss tracker averages `loss * sample_weight` over real
+        examples; every other metric weighs each example by `sample_weight` (0 for pads)."""
+        loss_tracker, *others = nnx.merge(self.metrics_graphdef, metrics)
+        weight = sw * mask
+        if per_example is not None:
+            loss_tracker.update_state(per_example * sw, mask)
+        y_pred = jax.tree.map(lambda p: p.astype(jnp.float32), y_pred)
+        for metric in others:
+            metric.update_state(y, y_pred, sample_weight=weight)
+        return nnx.state([loss_tracker, *others])
+
+    def train(self, state: dict, batch: Any, mask: jax.Array) -> dict:
+        """One optimizer step (or one accumulation step) on a global batch."""
+        x, y, sample_weight = unpack(batch)
+        mask = mask.astype(jnp.float32)
+        sw = _row_weights(mask.shape[0], sample_weight)
+        count = jnp.sum(mask)
+
+        def loss_fn(params):
+            y_pred, rest = self.forward(self.train_graphdef, params, state["rest"], x)
+            per_example = self.loss(y, y_pred)
+            total = jnp.sum(per_example * sw * mask)
+            return self.scale_loss(total, state["opt"]), (per_example, y_pred, rest)
+
+        def step(state: dict) -> dict:
+            grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
+            updates, opt = self.tx.update(grads, state["opt"], state["params"], example_count=count)
+            return {
+                "params": optax.apply_updates(state["params"], updates),
+                "rest": rest,
+                "opt": opt,
+                "metrics": self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask),
+            }
+
+        return lax.cond(count > 0, step, lambda s: s, state)
+
+    def test(self, state: dict, batch: Any, mask: jax.Array) -> dict:
+        """Adds one global batch to the loss and metric sums, in inference mode.
+
+        Only `state["metrics"]` changes; the rest of `state` is returned as it came.
+        """
+        x, y, sample_weight = unpack(batch)
+        mask = mask.astype(jnp.float32)
+        sw = _row_weights(mask.shape[0], sample_weight)
+        y_pred, _ = self.forward(self.eval_graphdef, state["params"], state["rest"], x)
+        per_example = None if y is None else self.loss(y, y_pred)
+        metrics = self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask)
+        return {**state, "metrics": metrics}
+
+    def predict(self, state: dict, batch: Any) -> Any:
+        """The model's outputs for one global batch, in inference mode, as float32."""
+        x, _, _ = unpack(batch)
+        y_pred, _ = self.forward(self.eval_graphdef, state["params"], state["rest"], x)
+        return jax.tree.map(lambda p: p.astype(jnp.float32), y_pred)
+
+
+def scanned(step: Callable[[dict, Any, jax.Array], dict], unroll: bool) -> Callable:
+    """K steps in one call: `state, (K, rows, ...) batches, (K, rows) masks -> state`."""
+
+    def many(state: dict, batches: Any, masks: jax.Array) -> dict:
+        def body(state, inputs):
+            batch, mask = inputs
+            return step(state, batch, mask), None
+
+        state, _ = lax.scan(body, state, (batches, masks), unroll=unroll)
+        return state
+
+    return many
