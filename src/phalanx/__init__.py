@@ -11,6 +11,14 @@ custom loop whose step runs once per replica:
     loss = strategy.reduce("sum", per_replica, axis=None)
 """
 
+from phalanx import callbacks as callbacks
+from phalanx import cluster as cluster
+from phalanx import data as data
+from phalanx import datasets as datasets
+from phalanx import losses as losses
+from phalanx import metrics as metrics
+from phalanx import mixed_precision as mixed_precision
+from phalanx import optimizers as optimizers
 from phalanx._src.strategy.distribute import InputContext as InputContext
 from phalanx._src.strategy.loss import compute_average_loss as compute_average_loss
 from phalanx._src.strategy.loss import scale_regularization_loss as scale_regularization_loss
@@ -22,11 +30,13 @@ from phalanx._src.strategy.strategy import get_strategy as get_strategy
 from phalanx._src.strategy.strategy import has_strategy as has_strategy
 from phalanx._src.strategy.values import PerReplica as PerReplica
 from phalanx._src.strategy.values import get_batch_mask as get_batch_mask
+from phalanx._src.train.model import Model as Model
 
 __version__ = "0.1.0"
 
 __all__ = [
     "InputContext",
+    "Model",
     "PerReplica",
     "ReduceOp",
     "ReplicaContext",

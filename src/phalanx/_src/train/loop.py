@@ -110,12 +110,13 @@ def fetch_logs(model: Model) -> dict[str, float]:
     if fn is None:
         graphdef = model.steps.metrics_graphdef
 
-        def compute(metrics: Any) -> dict[str, jax.Array]:
-            return {m.name: m.result() for m in nnx.merge(graphdef, metrics)}
+        def compute(metrics: Any) -> list[jax.Array]:
+            return [m.result() for m in nnx.merge(graphdef, metrics)]
 
         fn = model._compiled_fns["logs"] = jax.jit(compute)
     values = jax.device_get(fn(model._state["metrics"]))
-    return {name: float(np.asarray(v)) for name, v in values.items()}
+    names = [m.name for m in (model.loss_tracker, *model.metrics)]  # Keras's order: loss first
+    return {name: float(np.asarray(v)) for name, v in zip(names, values, strict=True)}
 
 
 def _run_phase(
@@ -127,11 +128,12 @@ def _run_phase(
     meter: InputWaitMeter | None,
     on_state: Any = None,
     prefetch: int = 2,
-) -> tuple[int, bool]:
+) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 
     Returns:
-      `(steps run, whether the source ran out)`.
+      `(steps run, whether the source ran out, the source's position after the last batch
+      run, or None when the source cannot report it)`.
     """
     k = model._execution_k(phase)
     distributor = BatchDistributor(model.strategy)
@@ -170,7 +172,8 @@ def _run_phase(
             if phase == "train" and model.stop_training:
                 break
         in_flight.drain()
-    return steps, groups.exhausted
+        position = feed.get_state() if feed.checkpointable else None
+    return steps, groups.exhausted, position
 
 
 def fit(
@@ -245,6 +248,7 @@ def fit(
     model.stop_training = False
     model._fit_epoch = initial_epoch
     model._fit_resume = None
+    model._fit_steps_done = 0
     meter = InputWaitMeter()
     epoch_logs: dict[str, float] = {}
     carried: Iterator[Any] | None = None
@@ -256,17 +260,11 @@ def fit(
         cbs.on_epoch_begin(epoch)
         meter.start_epoch()
         t0 = time.perf_counter()
-        iterator, done = _epoch_iterator(model, data, steps_per_epoch, carried)
-        steps, exhausted = _run_phase(
-            model,
-            "train",
-            iterator,
-            steps_per_epoch,
-            cbs,
-            meter,
-            on_state=model._on_train_steps,
-            prefetch=prefetch,
+        iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
+        steps, exhausted, model._last_data_state = _run_phase(
+            model, "train", iterator, limit, cbs, meter, model._on_train_steps, prefetch
         )
+        model._fit_steps_done = 0
         carried = None if (exhausted or steps_per_epoch is None) else iterator
         elapsed = time.perf_counter() - t0
         epoch_logs = fetch_logs(model)
@@ -281,25 +279,28 @@ def fit(
                 f"epoch {epoch + 1} ran no step: the data is empty or ran out", stacklevel=3
             )
         cbs.on_epoch_end(epoch, epoch_logs)
-        del done
         if model.stop_training:
             break
     cbs.on_train_end(epoch_logs)
     return model.history
 
 
-def _epoch_iterator(model: Model, data: Iterable[Any], steps_per_epoch: int | None, carried):
-    resume = model._fit_resume
-    if carried is not None and resume is None:
-        return carried, False
+def _epoch_iterator(
+    model: Model, data: Iterable[Any], steps_per_epoch: int | None, carried: Iterator | None
+) -> tuple[Iterator[Any], int | None]:
+    """The epoch's host iterator and step limit, resuming a restored position if any."""
+    resume, model._fit_resume = model._fit_resume, None
+    if resume is None:
+        return (carried if carried is not None else iter(data)), steps_per_epoch
     iterator = iter(data)
-    if resume is not None:
-        model._fit_resume = None
-        if resume.get("data") is not None and getattr(iterator, "checkpointable", False):
-            iterator.set_state(resume["data"])
-            if resume.get("epoch_done"):
-                iterator = iter(data)
-    return iterator, False
+    if resume["data"] is not None and getattr(iterator, "checkpointable", False):
+        iterator.set_state(resume["data"])
+        if resume["epoch_done"] and steps_per_epoch is None:
+            iterator = iter(data)  # the saved position ends an epoch: start the next one
+    model._fit_steps_done = resume["steps_done"]
+    if steps_per_epoch is None:
+        return iterator, None
+    return iterator, steps_per_epoch - resume["steps_done"]
 
 
 def _length(data: Any) -> int | None:

@@ -64,7 +64,11 @@ class Model:
         self._state: dict | None = None
         self._compiled_fns: dict[Any, Callable] = {}
         self._step_hooks: list[Callable[[int, Any], None]] = []
+        # Where fit is, for the checkpoint callbacks: the epoch, the steps already done in it
+        # before a resume, the data position at the last epoch end, a position to resume.
         self._fit_epoch = 0
+        self._fit_steps_done = 0
+        self._last_data_state: Any = None
         self._fit_resume: dict | None = None
 
     # ---- compile --------------------------------------------------------------------------
