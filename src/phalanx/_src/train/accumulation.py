@@ -1,11 +1,11 @@
 """Gradient accumulation that equals one step on a k-times larger batch.
 
-The step differentiates the *sum* of the batch's weighted per-example losses and passes the
-number of real examples as `example_count`. This wrapper adds the sums and the counts of k
-consecutive batches and divides once, so the update is the gradient of the mean over all k
-batches' examples, not a mean of k batch means (which `optax.MultiSteps` computes, and which
-differs as soon as batches differ in size, e.g. a partial last batch). With k = 1 it is
-simply `grads / count` before the inner optimizer.
+The step differentiates the batch's mean loss (Keras's scale, which keeps float16 loss
+scaling in range) and passes the number of real examples as `example_count`. This wrapper
+adds `mean gradient x count` and the counts of k consecutive batches and divides once, so
+the update is the gradient of the mean over all k batches' examples, not a mean of k batch
+means (which `optax.MultiSteps` computes, and which differs as soon as batches differ in
+size, e.g. a partial last batch). With k = 1 the gradient goes straight to the optimizer.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def accumulate_gradients(
 ) -> optax.GradientTransformationExtraArgs:
     """Applies `inner` every `every_k` batches on the example-weighted mean gradient.
 
-    `update(sum_grads, state, params, example_count=n)` takes gradients of a *summed* loss and
-    the number of examples they cover. On the k-th call it applies `inner` to
-    `(sum of sum_grads) / (sum of n)`; on the others it returns zero updates.
+    `update(grads, state, params, example_count=n)` takes the gradient of a batch's mean loss
+    and the number of examples it covers. On the k-th call it applies `inner` to
+    `sum(grads_i * n_i) / sum(n_i)`; on the others it returns zero updates.
 
     Args:
       inner: the optimizer.
@@ -55,7 +55,7 @@ def accumulate_gradients(
 
     Example:
       >>> tx = accumulate_gradients(optax.sgd(0.1), every_k=4)
-      >>> grads = jax.grad(lambda p: jnp.sum(per_example_loss(p, x, y)))(params)
+      >>> grads = jax.grad(lambda p: jnp.mean(per_example_loss(p, x, y)))(params)
       >>> updates, state = tx.update(grads, state, params, example_count=x.shape[0])
     """
     if not isinstance(every_k, int) or every_k < 1:
@@ -71,25 +71,29 @@ def accumulate_gradients(
             jnp.zeros([], jnp.int32), grad_sum, jnp.zeros([], jnp.float32), inner.init(params)
         )
 
-    def update(sum_grads, state, params=None, *, example_count, **extra_args):
-        count = state.count + jnp.asarray(example_count, jnp.float32)
-        total = sum_grads if every_k == 1 else jax.tree.map(jnp.add, state.grad_sum, sum_grads)
+    def update(grads, state, params=None, *, example_count, **extra_args):
+        if every_k == 1:
+            updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
+            return updates, state._replace(inner_state=inner_state)
+        n = jnp.asarray(example_count, jnp.float32)
+        count = state.count + n
+        total = jax.tree.map(lambda s, g: s + g * n.astype(g.dtype), state.grad_sum, grads)
         ready = state.mini_step == every_k - 1
 
         def apply(_):
-            grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0).astype(g.dtype), total)
-            updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
-            empty = () if every_k == 1 else jax.tree.map(jnp.zeros_like, total)
+            mean = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0).astype(g.dtype), total)
+            updates, inner_state = inner.update(mean, state.inner_state, params, **extra_args)
             return updates, AccumulationState(
-                jnp.zeros([], jnp.int32), empty, jnp.zeros([], jnp.float32), inner_state
+                jnp.zeros([], jnp.int32),
+                jax.tree.map(jnp.zeros_like, total),
+                jnp.zeros([], jnp.float32),
+                inner_state,
             )
 
         def hold(_):
-            zeros = jax.tree.map(jnp.zeros_like, sum_grads)
+            zeros = jax.tree.map(jnp.zeros_like, grads)
             return zeros, AccumulationState(state.mini_step + 1, total, count, state.inner_state)
 
-        if every_k == 1:
-            return apply(None)
         return lax.cond(ready, apply, hold, None)
 
     return optax.GradientTransformationExtraArgs(init, update)

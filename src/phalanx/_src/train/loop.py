@@ -159,6 +159,8 @@ def _run_phase(
                 callbacks._call_batch(phase, "begin", steps, None)
             in_flight.add(runner.execute(item))
             steps += n
+            if phase == "train":
+                model.train_step_count += n
             if meter is not None:
                 for _ in range(n):
                     meter.step_done()

@@ -59,6 +59,7 @@ class Model:
         self.strategy = strategy if strategy is not None else get_strategy()
         self._module = self.strategy.replicate(module)
         self.stop_training = False
+        self.train_step_count = 0  # batches trained on by fit, over all calls
         self.history: Any = None
         self.compiled = False
         self._state: dict | None = None

@@ -93,8 +93,9 @@ class Steps:
         def loss_fn(params):
             y_pred, rest = self.forward(self.train_graphdef, params, state["rest"], x)
             per_example = self.loss(y, y_pred)
-            total = jnp.sum(per_example * sw * mask)
-            return self.scale_loss(total, state["opt"]), (per_example, y_pred, rest)
+            # Keras's sum_over_batch_size: weighted sum over the real examples' count.
+            mean = jnp.sum(per_example * sw * mask) / jnp.maximum(count, 1.0)
+            return self.scale_loss(mean, state["opt"]), (per_example, y_pred, rest)
 
         def step(state: dict) -> dict:
             grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])

@@ -62,6 +62,7 @@ class BackupAndRestore(Callback):
             return
         record = self._checkpointer.restore(self.model)
         done = bool(record["epoch_done"])
+        self.model.train_step_count = int(record["train_step_count"])
         self.model._fit_epoch = int(record["epoch"]) + (1 if done else 0)
         self.model._fit_resume = {
             "data": record.get("data"),
@@ -71,7 +72,13 @@ class BackupAndRestore(Callback):
 
     def _save(self, epoch: int, steps: int, done: bool, data_state: Any) -> None:
         self._saves += 1
-        record = {"epoch": epoch, "steps": steps, "epoch_done": done, "data": data_state}
+        record = {
+            "epoch": epoch,
+            "steps": steps,
+            "epoch_done": done,
+            "data": data_state,
+            "train_step_count": self.model.train_step_count,
+        }
         self._checkpointer.save(self._saves, self.model, record)
 
     def _on_steps(self, steps: int, feed: Any) -> None:
