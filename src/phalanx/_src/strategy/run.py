@@ -166,6 +166,7 @@ class _Compiled:
 
         def body(node_state: Any, arrays: list, mask: Any) -> Any:
             arrays = iter(arrays)
+            entry_state = node_state
             node_state = jax.tree.map(lambda x: _to_varying(jnp.asarray(x), axis), node_state)
             merged = nnx.merge(self.graphdef, node_state) if self.graphdef is not None else []
             nodes, statics = iter(merged), iter(self.statics)
@@ -190,7 +191,7 @@ class _Compiled:
             new_state = None
             if self.graphdef is not None:
                 new_state = nnx.state(merged)
-                old_vars, new_vars = _variables(node_state), _variables(new_state)
+                old_vars, new_vars = _variables(entry_state), _variables(new_state)
                 values = _node_write_back(
                     self.var_types,
                     [v.get_value() for v in old_vars],

@@ -1,0 +1,180 @@
+"""Benchmarks of the input pipeline (a script, not a test).
+
+    python benchmarks/bench_pipeline.py                    # every section
+    python benchmarks/bench_pipeline.py --section pipeline --epochs 2 --passes 3
+    python benchmarks/bench_pipeline.py --data /path/to/mnist.npz
+    python benchmarks/bench_pipeline.py --tune-malloc      # glibc keeps freed batch memory
+
+Section "pipeline": batches/s of `phalanx.data` alone (no model) on MNIST-shaped data,
+60000 x 784 float32 at batch 1024, shuffled every epoch, with a vectorised per-batch map run
+by 0, 1 and 2 Grain workers; each number is the best of several passes. The data is the
+offline MNIST file found through $PHALANX_DATA_DIR (or --data); random data of the same
+shape stands in when it is absent.
+
+Section "overlap": a stand-in training loop (each "step" sleeps --step-ms) over a pipeline
+whose map sleeps about as long, measured with InputWaitMeter: the fraction of wall time the
+loop waited for input and the time per step, without and with DevicePrefetcher / workers.
+
+--tune-malloc: glibc returns each freed multi-megabyte array to the kernel (munmap or heap
+trim), so every new batch-sized temporary page-faults its memory in again; in a small VM that
+costs milliseconds per 3 MB array and can dominate a map. Raising M_MMAP_THRESHOLD and
+M_TRIM_THRESHOLD (mallopt, the same as the MALLOC_*_THRESHOLD_ environment variables) keeps
+that memory in the process. Compare the tables with and without it.
+
+New sections (e.g. fit with and without prefetch) register themselves in SECTIONS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grain  # noqa: F401  (imported up front so "first ms" times the pipeline, not the import)
+import numpy as np
+
+from phalanx.data import Dataset, DevicePrefetcher, InputWaitMeter
+
+BATCH = 1024
+
+
+def load_mnist(path: str | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """MNIST's training split as (60000, 784) float32 in [0, 1] and int32 labels."""
+    candidates = [Path(path)] if path else []
+    if os.environ.get("PHALANX_DATA_DIR"):
+        candidates.append(Path(os.environ["PHALANX_DATA_DIR"]) / "mnist.npz")
+    for candidate in candidates:
+        if candidate.exists():
+            with np.load(candidate) as f:
+                x = f["x_train"].reshape(len(f["x_train"]), -1).astype(np.float32) / 255.0
+                return x, f["y_train"].astype(np.int32), str(candidate)
+    rng = np.random.default_rng(0)
+    x = rng.random((60000, 784), dtype=np.float32)
+    return x, rng.integers(0, 10, 60000).astype(np.int32), "random (MNIST file not found)"
+
+
+def time_epochs(ds: Dataset, epochs: int, passes: int) -> tuple[float, float]:
+    """(seconds to the first batch, best batches/s of `passes` runs of `epochs` epochs).
+
+    The best pass, because the machine is shared: slower passes measure the neighbours.
+    """
+    began = time.perf_counter()
+    it = iter(ds)
+    next(it)
+    first = time.perf_counter() - began
+    for _ in it:  # The rest of the warm-up epoch: caches, permutations, thread pools.
+        pass
+    best = 0.0
+    for _ in range(passes):
+        count = 0
+        began = time.perf_counter()
+        for _ in range(epochs):
+            for batch in ds:
+                count += 1
+                del batch
+        best = max(best, count / (time.perf_counter() - began))
+    return first, best
+
+
+def section_pipeline(args: argparse.Namespace) -> None:
+    x, y, source = load_mnist(args.data)
+    mean, std = float(x.mean()), float(x.std())
+
+    def normalise(xb: np.ndarray, yb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (xb - mean) / std, yb
+
+    base = Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(BATCH)
+    variants = [("gather only", None, base)]
+    for workers in (0, 1, 2):
+        calls = None if workers == 0 else workers
+        variants.append(("map(normalise)", workers, base.map(normalise, calls)))
+    variants.append(("map + prefetch(2)", 0, base.map(normalise).prefetch(2)))
+
+    print(f"\n## pipeline alone: {x.shape} {x.dtype}, batch {BATCH}, data: {source}")
+    print(f"{'pipeline':<20} {'workers':>7} {'batches/s':>10} {'examples/s':>11} {'first ms':>9}")
+    for name, workers, ds in variants:
+        first, rate = time_epochs(ds, args.epochs, args.passes)
+        shown = "-" if workers is None else str(workers)
+        print(f"{name:<20} {shown:>7} {rate:>10.0f} {rate * BATCH:>11.0f} {first * 1e3:>9.1f}")
+
+
+def section_overlap(args: argparse.Namespace) -> None:
+    step_s = args.step_ms / 1e3
+    x = np.zeros((64 * BATCH // 16, 16), np.float32)  # Small rows: the map's sleep dominates.
+
+    def slow(xb: np.ndarray) -> np.ndarray:
+        time.sleep(step_s)  # Releases the GIL, like I/O or decoding in C.
+        return xb
+
+    def run(ds: Dataset, prefetch: bool) -> dict[str, float]:
+        meter = InputWaitMeter()
+        it = iter(ds)
+        source = DevicePrefetcher(it, host_depth=2, device_depth=1) if prefetch else it
+        meter.start_epoch()
+        while True:
+            with meter.waiting():
+                batch = next(source, None)
+            if batch is None:
+                break
+            time.sleep(step_s)  # The "step".
+            meter.step_done()
+        if prefetch:
+            source.close()
+        # The first batch is always waited for; the fraction is over the whole epoch.
+        return meter.epoch_summary()
+
+    base = Dataset.from_tensor_slices(x).batch(BATCH // 16)
+    variants = [("no prefetch", 0, False), ("DevicePrefetcher", 0, True)]
+    variants += [("DevicePrefetcher", 2, True), ("no prefetch", 2, False)]
+    print(f"\n## overlap: map sleeps {args.step_ms} ms per batch, step sleeps {args.step_ms} ms")
+    print(f"{'loop':<18} {'workers':>7} {'wait %':>7} {'ms/step':>8} {'steps':>6}")
+    for name, workers, prefetch in variants:
+        summary = run(base.map(slow, workers or None), prefetch)
+        ms = summary["wall_s"] / summary["steps"] * 1e3
+        wait = summary["input_wait_fraction"] * 100
+        print(f"{name:<18} {workers:>7} {wait:>7.1f} {ms:>8.1f} {summary['steps']:>6}")
+
+
+def tune_malloc() -> bool:
+    """Keeps freed large blocks in the process (glibc only); True when it took effect."""
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(
+        libc.mallopt(m_mmap_threshold, 256 << 20) and libc.mallopt(m_trim_threshold, 512 << 20)
+    )
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "pipeline": section_pipeline,
+    "overlap": section_overlap,
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section", choices=sorted(SECTIONS), action="append")
+    parser.add_argument("--data", help="path to mnist.npz (default: $PHALANX_DATA_DIR)")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per timed pass")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes; the best is shown")
+    parser.add_argument("--step-ms", type=float, default=10.0, help="overlap: step and map")
+    parser.add_argument("--tune-malloc", action="store_true", help="see the module docstring")
+    args = parser.parse_args(argv)
+    malloc = "tuned" if args.tune_malloc and tune_malloc() else "default"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.1f}, {malloc} malloc"
+    )
+    for name in args.section or list(SECTIONS):
+        SECTIONS[name](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,292 @@
+"""`Dataset`: the tf.data-style builder over the random-access plan in `plan.py`."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from phalanx._src.data import element_ops, index_ops, plan, validation
+from phalanx._src.data.iterator import DatasetIterator
+
+AUTOTUNE = -1  # As tf.data.AUTOTUNE: let phalanx pick (CPU count for map, 2 for prefetch).
+
+
+class Dataset:
+    """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
+
+    Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
+    Dataset), and iterate: every `iter(ds)` is a new epoch, reshuffled when `shuffle` asks.
+    Every operation is index arithmetic on in-memory arrays, so a batch is gathered with one
+    indexing operation per array, an iterator's position (`get_state`) is a few integers,
+    and `process_split` reads only this process's rows of each global batch.
+
+    Differences from tf.data, all deliberate: `shuffle` draws a uniform permutation of the
+    whole (finite) dataset rather than sampling from a buffer; `map` functions must be pure
+    (they may run more than once for one element, in any thread); `num_parallel_calls`
+    computes whole elements (batches, after `batch`) in Grain threads.
+
+    Example:
+      >>> ds = Dataset.from_tensor_slices((x, y)).shuffle(1024, seed=0).batch(256)
+      >>> for xb, yb in ds:  # NumPy arrays of 256 rows, then the remainder
+      ...     ...
+    """
+
+    def __init__(self, node: plan.Node, prefetch: int = 0):
+        self._node = node
+        self._prefetch = prefetch
+        self._epochs = itertools.count()
+
+    # -- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_tensor_slices(cls, tensors: Any) -> Dataset:
+        """A dataset whose elements are the rows of `tensors` (an array, tuple or dict).
+
+        The element structure is kept exactly: a tuple stays a tuple, a dict a dict, a
+        namedtuple that namedtuple. Lists are read as arrays, as tf.data does.
+
+        Args:
+          tensors: a pytree of array-likes (NumPy, JAX, nested lists) with equal first dims.
+
+        Returns:
+          An unbatched Dataset; call `.batch(n)` before feeding a model.
+
+        Raises:
+          ValueError: ragged leaves, first dimensions that disagree, a scalar, no rows.
+          TypeError: a non-numeric dtype (strings, Python objects).
+
+        Example:
+          >>> ds = Dataset.from_tensor_slices({"image": x, "label": y})
+        """
+        xy = type(tensors) is tuple and 2 <= len(tensors) <= 3  # Named x, y, sample_weight.
+        return cls._from_arrays(tensors, "x" if xy else "tensors")
+
+    @classmethod
+    def _from_arrays(cls, tensors: Any, root: str) -> Dataset:
+        named, treedef = validation.named_leaves(tensors, root)
+        arrays = [(name, validation.to_numpy(name, leaf)) for name, leaf in named]
+        validation.check_rows(arrays)
+        return cls(plan.Source([a for _, a in arrays], treedef))
+
+    def _then(self, node: plan.Node) -> Dataset:
+        return Dataset(node, self._prefetch)
+
+    # -- transformations --------------------------------------------------------------------
+
+    def shuffle(
+        self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
+    ) -> Dataset:
+        """Shuffles the elements: a uniform permutation per epoch, reproducible from `seed`.
+
+        Args:
+          buffer_size: kept for tf.data compatibility; a finite dataset is always fully
+            permuted. After `repeat()` (infinite), elements are permuted within blocks of
+            `buffer_size`.
+          seed: the shuffle seed; None draws one now (and `get_state` records it, so a
+            restored iterator still replays the same order).
+          reshuffle_each_iteration: a new order every epoch (True) or the same one (False).
+        """
+        size = validation.check_positive(buffer_size, "buffer_size", "shuffle(1024)")
+        if seed is None:
+            seed = secrets.randbits(63)
+        seed = int(seed)
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}; e.g. shuffle(1024, seed=0).")
+        return self._then(index_ops.Shuffle(self._node, seed, size, bool(reshuffle_each_iteration)))
+
+    def repeat(self, count: int | None = None) -> Dataset:
+        """Repeats the dataset `count` times (forever when None or -1), reshuffling each time.
+
+        After `repeat()` the cardinality is infinite and batches may straddle epochs, as in
+        tf.data; use `batch(...).repeat()` to keep epochs apart.
+        """
+        if count is None or count == -1:
+            if self._node.length == 0:
+                raise ValueError("repeat() of an empty dataset would never yield anything.")
+            return self._then(index_ops.Repeat(self._node, None))
+        if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
+            raise ValueError(f"count must be None, -1 or >= 0, got {count!r}; e.g. repeat(2).")
+        return self._then(index_ops.Repeat(self._node, int(count)))
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+        """Groups consecutive elements into batches of `batch_size` rows.
+
+        Args:
+          batch_size: rows per batch (the global batch, when distributed).
+          drop_remainder: drop a last, shorter batch instead of yielding it.
+
+        Raises:
+          ValueError: batch_size <= 0, a second batch(), or a result with no batches.
+        """
+        size = validation.check_batch_size(batch_size)
+        if self._node.level == 1:
+            raise ValueError(
+                f"this dataset is already batched (batch_size={self.batch_size}); call batch() "
+                "once, with the global batch size."
+            )
+        n = self._node.length
+        if n is not None and (n == 0 or (drop_remainder and n < size)):
+            raise ValueError(
+                f"batch({size}, drop_remainder={drop_remainder}) of a dataset with {n} "
+                f"elements yields no batches; use a batch_size <= {n} or "
+                "drop_remainder=False."
+            )
+        return self._then(index_ops.Batch(self._node, size, bool(drop_remainder)))
+
+    def map(self, fn: Callable[..., Any], num_parallel_calls: int | None = None) -> Dataset:
+        """Applies `fn` to every element (a row before `batch`, a batch after it).
+
+        A tuple element is unpacked into positional arguments, as in tf.data. Mapping after
+        `batch` runs `fn` once per batch on whole arrays, which is much faster than per row.
+
+        Args:
+          fn: a pure function of one element; it must return numeric arrays.
+          num_parallel_calls: None computes elements in the consuming thread; N > 0 (or
+            AUTOTUNE) computes N elements at once in Grain threads.
+        """
+        workers = 0
+        if num_parallel_calls == AUTOTUNE:
+            workers = os.cpu_count() or 1
+        elif num_parallel_calls is not None:
+            workers = validation.check_positive(
+                num_parallel_calls, "num_parallel_calls", "map(fn, num_parallel_calls=2)"
+            )
+        return self._then(element_ops.Map(self._node, fn, workers))
+
+    def cache(self) -> Dataset:
+        """Keeps every element the first time it is computed, so later epochs skip `map`.
+
+        Cache after an expensive `map` and before `shuffle`/`repeat`.
+        """
+        if self._node.length is None:
+            raise ValueError("cache() needs a finite dataset; call repeat() after cache().")
+        return self._then(element_ops.Cache(self._node))
+
+    def prefetch(self, buffer_size: int) -> Dataset:
+        """Computes up to `buffer_size` elements ahead in a background Grain thread."""
+        if buffer_size == AUTOTUNE:
+            buffer_size = 2
+        size = validation.check_positive(buffer_size, "buffer_size", "prefetch(2)")
+        return Dataset(self._node, size)
+
+    def shard(self, num_shards: int, index: int) -> Dataset:
+        """Every `num_shards`-th element starting at `index`, as tf.data's shard.
+
+        Sharding before `batch` changes what each global batch holds when the shard count
+        changes; to split global batches across processes use `process_split` instead.
+        """
+        num_shards = validation.check_positive(num_shards, "num_shards", "shard(2, 0)")
+        if not 0 <= index < num_shards:
+            raise ValueError(
+                f"index must be in [0, {num_shards}), got {index}; e.g. shard({num_shards}, 0)."
+            )
+        return self._then(index_ops.Shard(self._node, num_shards, int(index)))
+
+    def take(self, count: int) -> Dataset:
+        """The first `count` elements of each epoch (all of them when -1)."""
+        if count == -1:
+            return self
+        if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
+            raise ValueError(f"count must be >= 0 or -1, got {count!r}; e.g. take(10).")
+        return self._then(index_ops.Take(self._node, int(count)))
+
+    def process_split(self, index: int | None = None, count: int | None = None) -> Dataset:
+        """Yields only this process's part of every global batch, reading only those rows.
+
+        Part `index` of `count` is the slice `ceil_split(len(global_batch), count)[index]`
+        (tf.distribute's rule: ceil(n / count) rows each, the last parts short or empty), so
+        what each global batch holds never depends on the number of processes, and every
+        process yields the same number of (possibly empty) batches. A `map` after `batch`
+        sees only this process's rows (possibly none), so it must work row by row (casts,
+        scaling), not across the batch, for that independence to hold.
+
+        Args:
+          index: this process's part; defaults to `jax.process_index()`.
+          count: the number of parts; defaults to `jax.process_count()`.
+
+        Raises:
+          ValueError: the dataset is not batched, or index/count are out of range.
+        """
+        if index is None or count is None:
+            import jax  # Only here: reading the process needs the backend.
+
+            index = jax.process_index() if index is None else index
+            count = jax.process_count() if count is None else count
+        count = validation.check_positive(count, "count", "process_split(0, 2)")
+        if not 0 <= index < count:
+            raise ValueError(f"index must be in [0, {count}), got {index}.")
+        if not any(isinstance(node, index_ops.Batch) for node in plan.chain(self._node)):
+            raise ValueError("process_split() splits global batches; call batch() first.")
+
+        def change(node: plan.Node) -> plan.Node:
+            if isinstance(node, index_ops.Batch):
+                return index_ops.Batch(node.parent, node.size, node.drop_remainder, (index, count))
+            return node
+
+        return self._then(plan.rebuild(self._node, change))
+
+    # -- properties -------------------------------------------------------------------------
+
+    def _batch_node(self) -> index_ops.Batch | None:
+        nodes = [n for n in plan.chain(self._node) if isinstance(n, index_ops.Batch)]
+        return nodes[0] if nodes else None
+
+    @property
+    def batch_size(self) -> int | None:
+        """Rows per global batch, or None before `batch`."""
+        node = self._batch_node()
+        return None if node is None else node.size
+
+    @property
+    def drop_remainder(self) -> bool:
+        """Whether a short last batch is dropped (False before `batch`)."""
+        node = self._batch_node()
+        return False if node is None else node.drop_remainder
+
+    @property
+    def split(self) -> tuple[int, int] | None:
+        """(index, count) set by `process_split`, or None."""
+        node = self._batch_node()
+        return None if node is None else node.split
+
+    @property
+    def cardinality(self) -> float:
+        """Elements (batches, once batched) per epoch; `math.inf` after `repeat()`."""
+        n = self._node.length
+        return math.inf if n is None else n
+
+    def __len__(self) -> int:
+        n = self._node.length
+        if n is None:
+            raise TypeError("the dataset is infinite (repeat()); use .cardinality instead.")
+        return n
+
+    @property
+    def num_workers(self) -> int:
+        """Grain threads computing elements: the largest `num_parallel_calls` of any map."""
+        return max(
+            (n.workers for n in plan.chain(self._node) if isinstance(n, element_ops.Map)), default=0
+        )
+
+    def __repr__(self) -> str:
+        ops = " -> ".join(type(n).__name__ for n in plan.chain(self._node))
+        return f"Dataset({ops}, cardinality={self.cardinality})"
+
+    # -- iteration --------------------------------------------------------------------------
+
+    def __iter__(self) -> DatasetIterator:
+        return DatasetIterator(self, next(self._epochs))
+
+    def _continue_after(self, epoch: int) -> None:
+        """Makes the next `iter(self)` walk epoch `epoch + 1` (used when restoring a state)."""
+        self._epochs = itertools.count(epoch + 1)
+
+    def _reseed(self, new_seeds: list[int]) -> None:
+        if new_seeds != index_ops.seeds(self._node):
+            self._node = index_ops.with_seeds(self._node, new_seeds)

@@ -1,0 +1,80 @@
+"""Nodes that compute elements: `map` (a user function) and `cache` (keep what was computed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from phalanx._src.data import validation
+from phalanx._src.data.plan import Key, Node
+
+
+@dataclasses.dataclass(eq=False)
+class Map(Node):
+    """`fn` applied to each row (level 0) or each batch (level 1); tuples are unpacked."""
+
+    parent: Node
+    fn: Callable[..., Any]
+    workers: int
+
+    def _call(self, element: Any) -> Any:
+        out = self.fn(*element) if type(element) is tuple else self.fn(element)
+        return validation.to_numpy_tree(out, "map output")
+
+    def get(self, key: Key, positions: np.ndarray) -> Any:
+        if self.level == 1:
+            return [self._call(batch) for batch in self.parent.get(key, positions)]
+        if len(positions) == 0:
+            # The output structure of zero rows: map one row, keep none of it.
+            probe = self.get(key, np.zeros(1, np.int64))
+            return jax.tree.map(lambda a: a[:0], probe)
+        leaves, treedef = jax.tree.flatten(self.parent.get(key, positions))
+        rows = [
+            self._call(treedef.unflatten([leaf[i] for leaf in leaves]))
+            for i in range(len(positions))
+        ]
+        return jax.tree.map(lambda *r: np.stack(r), *rows)
+
+
+@dataclasses.dataclass(eq=False)
+class Cache(Node):
+    """Keeps each element the first time it is computed (the first iteration's order)."""
+
+    parent: Node
+    _store: Any = dataclasses.field(default=None, init=False, repr=False)
+    _filled: Any = dataclasses.field(default=None, init=False, repr=False)
+    _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+
+    def get(self, key: Key, positions: np.ndarray) -> Any:
+        # Workers may fill different positions at once; a duplicate fill writes equal values.
+        with self._lock:
+            if self._filled is None:
+                self._filled = np.zeros(self.length, bool)
+            missing = np.unique(positions[~self._filled[positions]])
+        if self.level == 1:
+            values = self.parent.get((), missing) if len(missing) else []
+            with self._lock:
+                if self._store is None:
+                    self._store = [None] * self.length
+                for i, batch in zip(missing, values, strict=True):
+                    self._store[i] = batch
+                self._filled[missing] = True
+                return [self._store[i] for i in positions]
+        if len(missing) or self._store is None:
+            values = self.parent.get((), missing)
+            with self._lock:
+                if self._store is None:
+                    self._store = jax.tree.map(
+                        lambda a: np.empty((self.length, *a.shape[1:]), a.dtype), values
+                    )
+                for store, value in zip(
+                    jax.tree.leaves(self._store), jax.tree.leaves(values), strict=True
+                ):
+                    store[missing] = value
+                self._filled[missing] = True
+        return jax.tree.map(lambda a: a[positions], self._store)

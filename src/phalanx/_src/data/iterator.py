@@ -1,0 +1,135 @@
+"""`DatasetIterator`: one epoch of a Dataset, with a position that checkpoints restore."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import TYPE_CHECKING, Any
+
+from phalanx._src.data import index_ops, plan
+
+if TYPE_CHECKING:
+    from phalanx._src.data.dataset import Dataset
+
+_STATE_KEYS = frozenset({"epoch", "step", "seeds"})
+
+
+class DatasetIterator:
+    """Iterates one epoch of a `Dataset`; `get_state`/`set_state` save and restore it.
+
+    Without map workers or prefetch, elements are computed in the calling thread. With
+    them, a Grain `MapDataset.range(step, end).map(element)` computes elements in Grain
+    threads, in order, a few ahead. Either way the position is simply the epoch and the
+    number of elements already returned, because every element is a pure function of
+    (seeds, epoch, step): a restored iterator yields exactly what the original would have.
+
+    Example:
+      >>> it = iter(ds)
+      >>> first = next(it)
+      >>> state = it.get_state()  # {"epoch": 0, "step": 1, "seeds": [...]}, JSON-ready
+      >>> it2 = iter(ds); it2.set_state(state)
+      >>> next(it2)  # the same batch `next(it)` returns
+    """
+
+    checkpointable = True
+
+    def __init__(self, dataset: Dataset, epoch: int):
+        self._dataset = dataset
+        self._node = dataset._node
+        self._epoch = epoch
+        self._step = 0
+        self._inner: Any = None
+        # Read once: walking the chain on every next() would cost more than the check.
+        self._threaded = dataset.num_workers > 0 or dataset._prefetch > 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator walks (the number of earlier `iter()` calls)."""
+        return self._epoch
+
+    @property
+    def step(self) -> int:
+        """The number of elements returned so far in this epoch."""
+        return self._step
+
+    def __iter__(self) -> DatasetIterator:
+        return self
+
+    def __next__(self) -> Any:
+        length = self._node.length
+        if length is not None and self._step >= length:
+            self.close()
+            raise StopIteration
+        if not self._threaded:
+            element = plan.element(self._node, (self._epoch,), self._step)
+        else:
+            if self._inner is None:
+                self._inner = self._start_grain()
+            element = next(self._inner)
+        self._step += 1
+        return element
+
+    def _start_grain(self) -> Any:
+        import grain  # Imported on first use: it costs about a second.
+
+        workers = self._dataset.num_workers
+        threads = max(workers, 1)
+        # Enough elements in flight to keep every thread busy, but bounded: Grain's default
+        # of 500 would hold 500 batches in memory.
+        buffer = max(self._dataset._prefetch, 2 * workers, 1)
+        length = self._node.length
+        stop = sys.maxsize if length is None else length
+        fetch = functools.partial(plan.element, self._node, (self._epoch,))
+        source = grain.MapDataset.range(self._step, stop).map(fetch)
+        options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer)
+        return iter(source.to_iter_dataset(options))
+
+    def get_state(self) -> dict[str, Any]:
+        """The position: a small JSON-serialisable dict (epoch, step, shuffle seeds)."""
+        return {
+            "epoch": self._epoch,
+            "step": self._step,
+            "seeds": [int(s) for s in index_ops.seeds(self._node)],
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Moves to a position saved by `get_state`, possibly from another process.
+
+        The dataset adopts the state's shuffle seeds (so later epochs replay too) and its
+        next `iter()` starts at the following epoch.
+
+        Raises:
+          ValueError: the state does not come from this pipeline.
+        """
+        if not isinstance(state, dict) or set(state) != _STATE_KEYS:
+            raise ValueError(
+                f"expected a state from DatasetIterator.get_state() with keys "
+                f"{sorted(_STATE_KEYS)}, got {state!r}."
+            )
+        epoch, step = int(state["epoch"]), int(state["step"])
+        length = self._node.length
+        if epoch < 0 or step < 0 or (length is not None and step > length):
+            raise ValueError(
+                f"state {state!r} is out of range for a dataset of {length} elements per "
+                "epoch; restore a state saved from the same pipeline."
+            )
+        self._dataset._reseed([int(s) for s in state["seeds"]])
+        self._dataset._continue_after(epoch)
+        self.close()
+        self._node = self._dataset._node
+        self._epoch, self._step = epoch, step
+
+    def close(self) -> None:
+        """Stops the Grain threads, if any; iterating again restarts them at this position."""
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
+
+    def __enter__(self) -> DatasetIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,196 @@
+"""`DevicePrefetcher`: host batches made ahead in a thread, then put on devices ahead.
+
+Why: a training step should never wait for its input. While step i runs, a background
+thread computes host batches i+1, i+2, ... into a bounded queue (`host_depth`), and the
+consumer has already called `put_fn` (the strategy's sharded `device_put`, which only
+enqueues a transfer) on the next `device_depth` batches, so their copies overlap step i.
+Like grain's experimental `device_put`: host prefetch, then `device_put`, then a small
+device-side buffer. `put_fn` runs in the consuming thread, where JAX dispatch belongs.
+
+Skip it (iterate the source directly) when debugging input code: a stack trace from the
+producer thread is re-raised in the consumer but its frames start in the thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from phalanx._src.data import validation
+
+_END = object()
+_POLL_S = 0.05  # How often a blocked producer or consumer rechecks the stop flag.
+_ids = itertools.count()
+
+
+class _Raised:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _is_checkpointable(iterator: Any) -> bool:
+    declared = getattr(iterator, "checkpointable", None)
+    if declared is not None:
+        return bool(declared)
+    # Grain's iterators say nothing but have both methods.
+    return callable(getattr(iterator, "get_state", None)) and callable(
+        getattr(iterator, "set_state", None)
+    )
+
+
+class DevicePrefetcher:
+    """Iterates `put_fn(batch)` for every batch of `iterable`, prepared ahead of use.
+
+    A context manager: leaving the `with` block (normally, by an exception, or by
+    KeyboardInterrupt) or calling `close()` stops and joins the producer thread. It also
+    closes itself when the source is exhausted or raises; a producer's exception is
+    re-raised in the consumer, after the batches produced before it.
+
+    `get_state()` returns the source iterator's state *as of the last batch returned to the
+    consumer*, not of the batches read ahead, so a checkpoint resumes exactly.
+
+    Args:
+      iterable: host batches (a Dataset, a DatasetIterator, any iterable).
+      put_fn: turns a host batch into device arrays; identity when None.
+      host_depth: host batches computed ahead by the thread (>= 1).
+      device_depth: batches already handed to `put_fn` ahead of the consumer (>= 1).
+
+    Example:
+      >>> with DevicePrefetcher(ds, put_fn=strategy_put, host_depth=2, device_depth=2) as batches:
+      ...     for batch in batches:
+      ...         state = step(state, batch)
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        put_fn: Callable[[Any], Any] | None = None,
+        *,
+        host_depth: int = 2,
+        device_depth: int = 2,
+    ):
+        self._host_depth = validation.check_positive(host_depth, "host_depth", "host_depth=2")
+        self._device_depth = validation.check_positive(
+            device_depth, "device_depth", "device_depth=2"
+        )
+        self._source = iter(iterable)
+        self._put = put_fn if put_fn is not None else (lambda batch: batch)
+        self._checkpointable = _is_checkpointable(self._source)
+        self._state = self._source.get_state() if self._checkpointable else None
+        self._queue: queue.Queue = queue.Queue(maxsize=self._host_depth)
+        self._device: collections.deque = collections.deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending: Any = None  # _END or _Raised, once the producer has sent it.
+        self._closed = False
+
+    @property
+    def checkpointable(self) -> bool:
+        """Whether `get_state` works (the source iterator has get_state/set_state)."""
+        return self._checkpointable
+
+    def get_state(self) -> Any:
+        """The source's state after the last batch this prefetcher returned."""
+        if not self._checkpointable:
+            raise TypeError(f"{type(self._source).__name__} does not support get_state().")
+        return self._state
+
+    def set_state(self, state: Any) -> None:
+        """Restores the source's position; only before the first batch is taken."""
+        if self._thread is not None:
+            raise RuntimeError("set_state() must come before the first batch is taken.")
+        self._source.set_state(state)
+        self._state = state
+
+    def _offer(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            for batch in self._source:
+                state = self._source.get_state() if self._checkpointable else None
+                if not self._offer((batch, state)):
+                    return
+            self._offer(_END)
+        except BaseException as error:  # Everything, even KeyboardInterrupt, goes to the consumer.
+            self._offer(_Raised(error))
+
+    def _take(self, block: bool) -> bool:
+        """Moves one host batch to the device buffer; False when none is (yet) available."""
+        if self._pending is not None:
+            return False
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S) if block else self._queue.get_nowait()
+                break
+            except queue.Empty:
+                if not block:
+                    return False
+                if not self._thread.is_alive():
+                    # It may have sent its last item just before exiting.
+                    block = False
+        if item is _END or isinstance(item, _Raised):
+            self._pending = item
+            return False
+        batch, state = item
+        self._device.append((self._put(batch), state))
+        return True
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    def start(self) -> DevicePrefetcher:
+        """Starts reading ahead now (e.g. while the step compiles); `next` does it otherwise."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(
+                target=self._produce, name=f"phalanx-prefetch-{next(_ids)}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        self.start()
+        if not self._device:
+            self._take(block=True)
+        if not self._device:
+            pending = self._pending
+            self.close()
+            if isinstance(pending, _Raised):
+                raise pending.error
+            raise StopIteration
+        batch, self._state = self._device.popleft()
+        # Hand the next batches to put_fn now, so their transfers overlap this step.
+        while len(self._device) < self._device_depth and self._take(block=False):
+            pass
+        return batch
+
+    def close(self) -> None:
+        """Stops the producer thread and waits for it; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._device.clear()
+        close = getattr(self._source, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> DevicePrefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

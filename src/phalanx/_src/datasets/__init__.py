@@ -1,0 +1,1 @@
+"""Small datasets for examples and tests (MNIST), loaded offline-first."""

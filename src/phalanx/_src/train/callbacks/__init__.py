@@ -1,0 +1,1 @@
+"""Callbacks: Keras's hooks and built-in callbacks, cheap when unused."""

@@ -1,0 +1,37 @@
+"""`History`: per-epoch logs, returned by `fit`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx._src.train.callbacks.base import Callback
+
+
+class History(Callback):
+    """Records every epoch's logs; `fit` returns it (Keras's `History`).
+
+    Attributes:
+      history: metric name -> list of per-epoch values, e.g. `{'loss': [0.3, 0.2]}`.
+      epoch: the epoch indices recorded (0-based).
+
+    Example:
+      >>> history = model.fit(x, y, epochs=2)
+      >>> history.history["loss"], history.epoch
+      ([0.31, 0.17], [0, 1])
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[str, list[Any]] = {}
+        self.epoch: list[int] = []
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        self.epoch = []
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self.epoch.append(epoch)
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, []).append(value)
+        if self.model is not None:
+            # Keras sets model.history after each epoch, so it is current even mid-fit.
+            self.model.history = self

@@ -1,0 +1,1 @@
+"""Metrics: Keras's API, Flax NNX state made of sums, additive merge across replicas."""

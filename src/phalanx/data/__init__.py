@@ -1,0 +1,31 @@
+"""Input pipelines: tf.data-style datasets, foreign-source adapters, device prefetch.
+
+Example:
+  >>> from phalanx import data
+  >>> ds = data.Dataset.from_tensor_slices((x, y)).shuffle(60000, seed=0).batch(1024)
+  >>> with data.DevicePrefetcher(ds.process_split(), put_fn) as batches:
+  ...     for batch in batches:
+  ...         ...
+"""
+
+from phalanx._src.data.adapters import Batches as Batches
+from phalanx._src.data.adapters import BatchIterator as BatchIterator
+from phalanx._src.data.adapters import as_batches as as_batches
+from phalanx._src.data.dataset import AUTOTUNE as AUTOTUNE
+from phalanx._src.data.dataset import Dataset as Dataset
+from phalanx._src.data.iterator import DatasetIterator as DatasetIterator
+from phalanx._src.data.prefetch import DevicePrefetcher as DevicePrefetcher
+from phalanx._src.data.wait import InputBoundWarning as InputBoundWarning
+from phalanx._src.data.wait import InputWaitMeter as InputWaitMeter
+
+__all__ = [
+    "AUTOTUNE",
+    "BatchIterator",
+    "Batches",
+    "Dataset",
+    "DatasetIterator",
+    "DevicePrefetcher",
+    "InputBoundWarning",
+    "InputWaitMeter",
+    "as_batches",
+]

@@ -1,0 +1,23 @@
+"""Losses with Keras's names: callables returning one float32 loss per example."""
+
+from __future__ import annotations
+
+from phalanx._src.train.losses import BinaryCrossentropy as BinaryCrossentropy
+from phalanx._src.train.losses import CategoricalCrossentropy as CategoricalCrossentropy
+from phalanx._src.train.losses import FunctionLoss as FunctionLoss
+from phalanx._src.train.losses import Loss as Loss
+from phalanx._src.train.losses import MeanAbsoluteError as MeanAbsoluteError
+from phalanx._src.train.losses import MeanSquaredError as MeanSquaredError
+from phalanx._src.train.losses import SparseCategoricalCrossentropy as SparseCategoricalCrossentropy
+from phalanx._src.train.losses import get as get
+
+__all__ = [
+    "BinaryCrossentropy",
+    "CategoricalCrossentropy",
+    "FunctionLoss",
+    "Loss",
+    "MeanAbsoluteError",
+    "MeanSquaredError",
+    "SparseCategoricalCrossentropy",
+    "get",
+]
