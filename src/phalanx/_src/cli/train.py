@@ -16,15 +16,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add train's arguments to its subparser."""
     parser.add_argument("--epochs", type=int, default=5, help="epochs to train (default 5)")
     parser.add_argument(
-        "--batch-size-per-replica", type=int, default=128,
+        "--batch-size-per-replica",
+        type=int,
+        default=128,
         help="examples per replica per step; the global batch is this x replicas (128)",
     )
     parser.add_argument(
-        "--precision", default="float32",
+        "--precision",
+        default="float32",
         choices=("float32", "mixed_bfloat16", "mixed_float16"),
     )
     parser.add_argument(
-        "--steps-per-execution", default="1",
+        "--steps-per-execution",
+        default="1",
         help="optimizer steps per compiled call: a positive int or 'auto' (default 1)",
     )
     parser.add_argument("--model", default="mlp", choices=MODELS)
@@ -33,7 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--platform", default=None, help="force tpu, gpu or cpu")
     parser.add_argument(
-        "--cpu-devices", type=int, default=None,
+        "--cpu-devices",
+        type=int,
+        default=None,
         help="split the CPU into N devices (replicas), e.g. 8 to try data parallelism",
     )
     parser.add_argument("--verbose", type=int, default=None, choices=(0, 1, 2))
@@ -147,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
         "topology": topology.to_dict(),
     }
     print(f"logs and checkpoint: {run_dir}")
-    print(f"examples/s {report['examples_per_second']:.0f} (best epoch)  train time {seconds:.1f} s")
+    print(
+        f"examples/s {report['examples_per_second']:.0f} (best epoch)  train time {seconds:.1f} s"
+    )
     print(f"test accuracy {results['accuracy']:.4f}  test loss {results['loss']:.4f}")
     if args.json:
         print(json.dumps(report, default=str))

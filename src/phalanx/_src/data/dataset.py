@@ -41,6 +41,7 @@ class Dataset:
         self._node = node
         self._prefetch = prefetch
         self._epochs = itertools.count()
+        self._owner: Dataset | None = None  # set on a row_indices() view
 
     # -- construction -----------------------------------------------------------------------
 
@@ -278,15 +279,54 @@ class Dataset:
         ops = " -> ".join(type(n).__name__ for n in plan.chain(self._node))
         return f"Dataset({ops}, cardinality={self.cardinality})"
 
+    def row_indices(self) -> tuple[Dataset, Any] | None:
+        """This pipeline over row numbers, and its source arrays; None if it computes rows.
+
+        When every operation is index arithmetic (shuffle, repeat, shard, take, batch,
+        process_split: no `map` or `cache`), element i of the view holds the *numbers* of
+        the source rows that element i of this dataset holds (int32), so a training loop
+        can keep the arrays on the devices and gather there, sending only indices per
+        step. The view shares this dataset's epochs and seeds: iterating either advances
+        both, and their iterator states are interchangeable.
+
+        Returns:
+          `(view, arrays)`: the index dataset and the source arrays in the element structure
+          (e.g. `(x, y)`), or None.
+
+        Example:
+          >>> view, (x_all, y_all) = ds.row_indices()
+          >>> idx = next(iter(view))           # e.g. 1024 row numbers
+          >>> x_all[idx]                       # == the first batch of iter(ds)
+        """
+        nodes = plan.chain(self._node)
+        if any(isinstance(n, element_ops.Map | element_ops.Cache) for n in nodes):
+            return None
+        source = nodes[0]
+        rows = np.arange(source.length, dtype=np.int32)
+        index_source = plan.Source([rows], plan.Source.single_leaf())
+
+        def change(node: plan.Node) -> plan.Node:
+            return index_source if isinstance(node, plan.Source) else node
+
+        view = Dataset(plan.rebuild(self._node, change), self._prefetch)
+        view._owner = self
+        return view, source.treedef.unflatten(source.leaves)
+
     # -- iteration --------------------------------------------------------------------------
 
     def __iter__(self) -> DatasetIterator:
+        if self._owner is not None:
+            return DatasetIterator(self, next(self._owner._epochs))
         return DatasetIterator(self, next(self._epochs))
 
     def _continue_after(self, epoch: int) -> None:
         """Makes the next `iter(self)` walk epoch `epoch + 1` (used when restoring a state)."""
         self._epochs = itertools.count(epoch + 1)
+        if self._owner is not None:
+            self._owner._continue_after(epoch)
 
     def _reseed(self, new_seeds: list[int]) -> None:
         if new_seeds != index_ops.seeds(self._node):
             self._node = index_ops.with_seeds(self._node, new_seeds)
+        if self._owner is not None:
+            self._owner._reseed(new_seeds)

@@ -76,6 +76,11 @@ class Source(Node):
     def length(self) -> int:
         return len(self.leaves[0])
 
+    @staticmethod
+    def single_leaf() -> Any:
+        """The treedef of a source with one bare array."""
+        return jax.tree.structure(0)
+
     def get(self, key: Key, positions: np.ndarray) -> Any:
         # Fancy indexing copies, which matters: a device_put of a view could alias (and a
         # donated step could then clobber) the user's arrays on the CPU backend.

@@ -118,6 +118,7 @@ class BatchDistributor:
     ) -> None:
         self.strategy = strategy
         self.per_replica: int | None = None
+        self._full_mask: jax.Array | None = None  # reused: most batches are full
         if global_batch_size is not None:
             replicas = strategy.num_replicas_in_sync
             if drop_remainder and global_batch_size % replicas:
@@ -152,7 +153,14 @@ class BatchDistributor:
         leaves, mask, treedef = self._local(batch)
         sharding = self.strategy.data_sharding
         arrays = [self._global(leaf, sharding, ()) for leaf in leaves]
-        return jax.tree.unflatten(treedef, arrays), self._global(mask, sharding, ())
+        return jax.tree.unflatten(treedef, arrays), self._mask(mask, sharding)
+
+    def _mask(self, mask: np.ndarray, sharding: Any) -> jax.Array:
+        if not mask.all():
+            return self._global(mask, sharding, ())
+        if self._full_mask is None:
+            self._full_mask = self._global(mask, sharding, ())
+        return self._full_mask
 
     def __call__(self, batch: Any) -> Any:
         """Distributes one process-local host batch; returns the masked global batch."""

@@ -9,6 +9,7 @@ every K steps. Either way the model never runs slower than with K = 1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,24 +30,33 @@ def _tick(state: dict) -> jax.Array:
     return jnp.sum(jax.tree.leaves(state["metrics"])[0])
 
 
+def _with_source(step: Callable, source: Any) -> Callable:
+    """`step` on a batch given directly, or as row numbers into on-device `source` arrays."""
+    if source is None:
+        return step
+    return lambda state, rows, mask: step(state, jax.tree.map(lambda a: a[rows], source), mask)
+
+
 def _jit_phase(model: Model, phase: str, many: bool) -> Callable:
     steps = model.steps
     repl = model.strategy.replicated_sharding
-    if phase == "train":
-        one = steps.train
 
-        def call(state, batch, mask):
-            state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
+    def run(step: Callable, state: dict, source: Any, batch: Any, mask: jax.Array) -> dict:
+        one = _with_source(step, source)
+        return (scanned(one, unroll=False) if many else one)(state, batch, mask)
+
+    if phase == "train":
+        # Only a scan pads a short group with empty steps, which must change nothing.
+        train = functools.partial(steps.train, may_be_empty=many)
+
+        def call(state, source, batch, mask):
+            state = run(train, state, source, batch, mask)
             return state, _tick(state)
 
         return jax.jit(call, donate_argnums=0, out_shardings=(repl, repl))
 
-    def one_test(state, batch, mask):
-        return steps.test(state, batch, mask)
-
-    def call_test(metrics, frozen, batch, mask):
-        state = {**frozen, "metrics": metrics}
-        state = (scanned(one_test, unroll=False) if many else one_test)(state, batch, mask)
+    def call_test(metrics, frozen, source, batch, mask):
+        state = run(steps.test, {**frozen, "metrics": metrics}, source, batch, mask)
         return state["metrics"], _tick(state)
 
     return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl))
@@ -60,13 +70,14 @@ def compiled(model: Model, phase: str, many: bool) -> Callable:
     return fn
 
 
-def choose_mode(model: Model, batch: Any, mask: jax.Array) -> str:
+def choose_mode(model: Model, source: Any, batch: Any, mask: jax.Array) -> str:
     """SCAN, unless the step has a convolution and runs on XLA:CPU (then LOOP)."""
     mode = model._compiled_fns.get("mode")
     if mode is None:
         mode = SCAN
         if model.strategy.devices[0].platform == "cpu":
-            hlo = jax.jit(model.steps.train).lower(model._state, batch, mask).as_text()
+            step = _with_source(model.steps.train, source)
+            hlo = jax.jit(step).lower(model._state, batch, mask).as_text()
             if "convolution" in hlo:
                 mode = LOOP
         model._compiled_fns["mode"] = mode
@@ -76,18 +87,21 @@ def choose_mode(model: Model, batch: Any, mask: jax.Array) -> str:
 class Runner:
     """Turns groups of host batches into device inputs and runs them for one phase."""
 
-    def __init__(self, model: Model, phase: str, k: int, distributor: BatchDistributor) -> None:
+    def __init__(
+        self, model: Model, phase: str, k: int, distributor: BatchDistributor, source: Any = None
+    ) -> None:
         self.model = model
         self.phase = phase
         self.k = k
         self.distributor = distributor
+        self.source = source  # on-device arrays the batches index into, or None
         self.mode: str | None = None if k > 1 else LOOP
 
     def put(self, group: list[Any]) -> tuple[str, Any, int]:
         """Device input for a group of up to K host batches (runs in the consumer thread)."""
         if self.mode is None:
             batch, mask = self.distributor.arrays(group[0])
-            self.mode = choose_mode(self.model, batch, mask)
+            self.mode = choose_mode(self.model, self.source, batch, mask)
             if self.mode == LOOP:
                 rest = [self.distributor.arrays(b) for b in group[1:]]
                 return LOOP, [(batch, mask), *rest], len(group)
@@ -108,16 +122,23 @@ class Runner:
         tick = None
         for batch, mask in calls:
             if self.phase == "train":
-                model._state, tick = fn(model._state, batch, mask)
+                model._state, tick = fn(model._state, self.source, batch, mask)
             else:
                 frozen = {k: v for k, v in model._state.items() if k != "metrics"}
-                metrics, tick = fn(model._state["metrics"], frozen, batch, mask)
+                metrics, tick = fn(model._state["metrics"], frozen, self.source, batch, mask)
                 model._state = {**model._state, "metrics": metrics}
         return tick
 
 
 def predict_fn(model: Model) -> Callable:
+    """`(state, source, batch) -> outputs`; `source` as for the other phases."""
     fn = model._compiled_fns.get("predict")
     if fn is None:
-        fn = model._compiled_fns["predict"] = jax.jit(model.steps.predict)
+
+        def predict(state, source, batch):
+            if source is not None:
+                batch = jax.tree.map(lambda a: a[batch], source)
+            return model.steps.predict(state, batch)
+
+        fn = model._compiled_fns["predict"] = jax.jit(predict)
     return fn

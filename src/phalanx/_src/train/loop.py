@@ -21,10 +21,11 @@ import numpy as np
 from flax import nnx
 
 from phalanx._src.data.adapters import as_batches
+from phalanx._src.data.dataset import Dataset
 from phalanx._src.data.prefetch import DevicePrefetcher
 from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.strategy.distribute import BatchDistributor
-from phalanx._src.train import execution
+from phalanx._src.train import device_data, execution
 from phalanx._src.train.callbacks.callback_list import CallbackList
 
 if TYPE_CHECKING:
@@ -46,7 +47,16 @@ def host_data(
         data = tuple(v for v in (x, y, sample_weight) if v is not None)
     if shuffle and seed is None:
         seed = int(np.random.SeedSequence().generate_state(1)[0])
-    return as_batches(data, batch_size, shuffle=shuffle, seed=seed)
+    batches = as_batches(data, batch_size, shuffle=shuffle, seed=seed)
+    if jax.process_count() > 1 and isinstance(batches, Dataset) and batches.split is None:
+        batches = batches.process_split()  # each process reads only its share of a batch
+    return batches
+
+
+def on_devices(model: Model, data: Iterable[Any], mode: bool | str) -> tuple[Iterable, Any]:
+    """`(what to iterate, on-device source arrays or None)`; see `device_data`."""
+    placed = device_data.prepare(data, model.strategy, mode)
+    return (data, None) if placed is None else (placed.indices, placed.arrays)
 
 
 class Groups:
@@ -128,6 +138,7 @@ def _run_phase(
     meter: InputWaitMeter | None,
     on_state: Any = None,
     prefetch: int = 2,
+    source: Any = None,
 ) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 
@@ -138,14 +149,16 @@ def _run_phase(
     k = model._execution_k(phase)
     distributor = BatchDistributor(model.strategy)
     groups = Groups(iterator, k, limit)
-    runner = execution.Runner(model, phase, k, distributor)
+    runner = execution.Runner(model, phase, k, distributor, source)
     needs_hooks = callbacks.needs_batch_hooks(phase)
     interval = callbacks.batch_logs_interval(phase)
     in_flight = _InFlight()
     steps = 0
     next_fetch = interval or 0
     logs: dict[str, float] = {}
-    with DevicePrefetcher(groups, runner.put, host_depth=prefetch, device_depth=prefetch) as feed:
+    with DevicePrefetcher(
+        groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
+    ) as feed:
         while True:
             if meter is not None:
                 with meter.waiting():
@@ -197,6 +210,7 @@ def fit(
     validation_freq: int = 1,
     seed: int | None = None,
     prefetch: int = 2,
+    device_data: bool | str = "auto",
 ) -> Any:
     """Trains `model` for `epochs` epochs, as `keras.Model.fit`.
 
@@ -216,6 +230,8 @@ def fit(
         runs out.
       seed: the shuffle seed for arrays (default: a fresh random seed).
       prefetch: batches made ahead on the host and put on the devices ahead of use.
+      device_data: keep an in-memory phalanx Dataset's arrays on the devices and send only
+        row numbers per step: 'auto' (when they fit), True, or False.
 
     Returns:
       The `History` callback (`history.history` maps each log name to per-epoch values).
@@ -227,7 +243,9 @@ def fit(
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if not 0 <= initial_epoch <= max(epochs, 0):
         raise ValueError(f"initial_epoch {initial_epoch} must be in [0, epochs={epochs}]")
-    data = host_data(x, y, sample_weight, batch_size, shuffle, seed)
+    data, source = on_devices(
+        model, host_data(x, y, sample_weight, batch_size, shuffle, seed), device_data
+    )
     steps_known = steps_per_epoch or _length(data)
     if steps_known is None and _is_infinite(data):
         raise ValueError(
@@ -235,7 +253,11 @@ def fit(
         )
     val_data = None
     if validation_data is not None:
-        val_data = _validation_source(validation_data, validation_batch_size or batch_size)
+        val_data = on_devices(
+            model,
+            _validation_source(validation_data, validation_batch_size or batch_size),
+            device_data,
+        )
     verbose = 1 if verbose == "auto" else verbose
     cbs = CallbackList(
         callbacks,
@@ -264,7 +286,7 @@ def fit(
         t0 = time.perf_counter()
         iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
         steps, exhausted, model._last_data_state = _run_phase(
-            model, "train", iterator, limit, cbs, meter, model._on_train_steps, prefetch
+            model, "train", iterator, limit, cbs, meter, model._on_train_steps, prefetch, source
         )
         model._fit_steps_done = 0
         carried = None if (exhausted or steps_per_epoch is None) else iterator
@@ -333,10 +355,11 @@ def _validation_source(validation_data: Any, batch_size: int | None) -> Iterable
     return as_batches(validation_data, None)
 
 
-def _evaluate_logs(model: Model, data: Iterable[Any], steps: int | None) -> dict[str, float]:
+def _evaluate_logs(model: Model, data: tuple, steps: int | None) -> dict[str, float]:
     _reset_metrics(model)
     quiet = CallbackList([], model=model)
-    _run_phase(model, "test", iter(data), steps, quiet, None)
+    batches, source = data
+    _run_phase(model, "test", iter(batches), steps, quiet, None, source=source)
     logs = fetch_logs(model)
     _reset_metrics(model)
     return logs
@@ -353,6 +376,7 @@ def evaluate(
     steps: int | None = None,
     callbacks: Iterable[Any] | None = None,
     return_dict: bool = False,
+    device_data: bool | str = "auto",
 ) -> Any:
     """The loss and metrics over every example of the data, each counted once.
 
@@ -363,12 +387,14 @@ def evaluate(
       `return_dict=True`: `{name: value}`. Otherwise, as Keras: the loss alone when there is
       no metric, else `[loss, *metrics]`.
     """
-    data = host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None)
+    data, source = on_devices(
+        model, host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None), device_data
+    )
     verbose = 1 if verbose == "auto" else verbose
     cbs = CallbackList(callbacks, model=model, steps=steps or _length(data), verbose=verbose)
     _reset_metrics(model)
     cbs.on_test_begin()
-    _run_phase(model, "test", iter(data), steps, cbs, None)
+    _run_phase(model, "test", iter(data), steps, cbs, None, source=source)
     logs = fetch_logs(model)
     cbs.on_test_end(logs)
     if return_dict:
@@ -385,9 +411,12 @@ def predict(
     verbose: int | str = "auto",
     steps: int | None = None,
     callbacks: Iterable[Any] | None = None,
+    device_data: bool | str = "auto",
 ) -> Any:
     """The model's outputs for every example, in order, as NumPy (padded rows dropped)."""
-    data = host_data(x, None, None, batch_size, shuffle=False, seed=None)
+    data, source = on_devices(
+        model, host_data(x, None, None, batch_size, shuffle=False, seed=None), device_data
+    )
     cbs = CallbackList(callbacks, model=model, steps=steps or _length(data))
     distributor = BatchDistributor(model.strategy)
     predict_fn = execution.predict_fn(model)
@@ -398,7 +427,7 @@ def predict(
             break
         batch, mask = distributor.arrays(host_batch)
         cbs._call_batch("predict", "begin", index, None)
-        y_pred = predict_fn(model._state, batch)
+        y_pred = predict_fn(model._state, source, batch)
         keep = _host(mask).astype(bool)
         outputs.append(jax.tree.map(lambda p, keep=keep: _host(p)[keep], y_pred))
         cbs._call_batch("predict", "end", index, None)

@@ -83,22 +83,32 @@ class Steps:
             metric.update_state(y, y_pred, sample_weight=weight)
         return nnx.state([loss_tracker, *others])
 
-    def train(self, state: dict, batch: Any, mask: jax.Array) -> dict:
-        """One optimizer step (or one accumulation step) on a global batch."""
+    def train(self, state: dict, batch: Any, mask: jax.Array, may_be_empty: bool = False) -> dict:
+        """One optimizer step (or one accumulation step) on a global batch.
+
+        `may_be_empty`: the batch may have no real row (a filler step in a scan); such a
+        step must change nothing, which costs a conditional around the whole step.
+        """
         x, y, sample_weight = unpack(batch)
         mask = mask.astype(jnp.float32)
         sw = _row_weights(mask.shape[0], sample_weight)
         count = jnp.sum(mask)
+        rows = mask.shape[0]
 
         def loss_fn(params):
             y_pred, rest = self.forward(self.train_graphdef, params, state["rest"], x)
             per_example = self.loss(y, y_pred)
-            # Keras's sum_over_batch_size: weighted sum over the real examples' count.
-            mean = jnp.sum(per_example * sw * mask) / jnp.maximum(count, 1.0)
-            return self.scale_loss(mean, state["opt"]), (per_example, y_pred, rest)
+            # Differentiated over the static row count (so float16 loss scaling stays in
+            # range) and rescaled to the real count below: the count's all-reduce then does
+            # not have to finish before the backward pass starts.
+            loss = jnp.sum(per_example * sw * mask) / rows
+            return self.scale_loss(loss, state["opt"]), (per_example, y_pred, rest)
 
         def step(state: dict) -> dict:
             grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
+            # Keras's sum_over_batch_size: the weighted sum over the real examples' count.
+            scale = rows / jnp.maximum(count, 1.0)
+            grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
             updates, opt = self.tx.update(grads, state["opt"], state["params"], example_count=count)
             return {
                 "params": optax.apply_updates(state["params"], updates),
@@ -107,7 +117,9 @@ class Steps:
                 "metrics": self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask),
             }
 
-        return lax.cond(count > 0, step, lambda s: s, state)
+        if may_be_empty:
+            return lax.cond(count > 0, step, lambda s: s, state)
+        return step(state)
 
     def test(self, state: dict, batch: Any, mask: jax.Array) -> dict:
         """Adds one global batch to the loss and metric sums, in inference mode.
