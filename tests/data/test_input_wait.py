@@ -112,3 +112,16 @@ def test_wait_is_counted_even_when_next_raises():
 def test_bad_threshold(threshold):
     with pytest.raises(ValueError, match="threshold must be in"):
         InputWaitMeter(threshold=threshold)
+
+
+def test_short_epochs_report_but_never_warn():
+    clock = FakeClock()
+    meter = InputWaitMeter(clock=clock, min_epoch_seconds=1.0)
+    run_epoch(meter, clock, wait=0.05, step=0.05, steps=5)  # 0.5 s, half of it waiting
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = meter.epoch_summary()
+    assert summary["input_wait_fraction"] == pytest.approx(0.5)
+    run_epoch(meter, clock, wait=0.12, step=0.12, steps=5)  # 1.2 s: now it counts
+    with pytest.warns(InputBoundWarning, match="steps_per_execution"):
+        meter.epoch_summary()

@@ -8,10 +8,7 @@ from conftest import build, make_data
 
 import phalanx
 
-pytestmark = [
-    pytest.mark.multidevice,
-    pytest.mark.filterwarnings("ignore::phalanx.data.InputBoundWarning"),
-]
+pytestmark = pytest.mark.multidevice
 
 
 def _params(model):

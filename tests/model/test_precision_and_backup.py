@@ -10,8 +10,6 @@ from flax import nnx
 import phalanx
 from phalanx._src.train import precision
 
-pytestmark = pytest.mark.filterwarnings("ignore::phalanx.data.InputBoundWarning")
-
 
 def test_mixed_float16_skips_a_non_finite_step_and_halves_the_scale(all_devices):
     model = build(all_devices, optimizer="adam", precision="mixed_float16")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--steps-per-execution",
         default="1",
         help="optimizer steps per compiled call: a positive int or 'auto' (default 1)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        default="auto",
+        help="Adam's peak learning rate, or 'auto': 2e-3 x global batch / 128 (the linear "
+        "scaling rule), reached after one epoch of warm-up and cosine-decayed to 0",
     )
     parser.add_argument("--model", default="mlp", choices=MODELS)
     parser.add_argument("--data-dir", default=None, help="folder holding mnist.npz")
@@ -58,6 +65,28 @@ def _steps_per_execution(value: str) -> int | str:
             f"phalanx train: --steps-per-execution must be a positive int or 'auto', got {value!r}"
         )
     return number
+
+
+def learning_rate(value: str, global_batch: int, steps_per_epoch: int, epochs: int) -> Any:
+    """A float, or for 'auto' the seeds' linear scaling rule with warm-up and cosine decay.
+
+    Large global batches need a proportionally larger learning rate (the second seed's
+    "linear scaling rule"); one epoch of warm-up keeps the first steps stable and the cosine
+    decay to zero settles the last ones. Base: 2e-3 at a global batch of 128.
+    """
+    import optax
+
+    if value != "auto":
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = 0.0
+        if not rate > 0:
+            raise SystemExit(f"phalanx train: --learning-rate must be > 0 or 'auto', got {value!r}")
+        return rate
+    peak = 2e-3 * global_batch / 128
+    total = steps_per_epoch * epochs
+    return optax.warmup_cosine_decay_schedule(0.0, peak, min(steps_per_epoch, total - 1), total)
 
 
 def build_module(name: str, seed: int) -> Any:
@@ -101,7 +130,13 @@ def run(args: argparse.Namespace) -> int:
     import phalanx
 
     # Data first: a missing file is one clear error before any device is touched.
-    (x_train, y_train), (x_test, y_test) = phalanx.datasets.mnist.load_data(data_dir=args.data_dir)
+    try:
+        (x_train, y_train), (x_test, y_test) = phalanx.datasets.mnist.load_data(
+            data_dir=args.data_dir
+        )
+    except (FileNotFoundError, ValueError) as error:
+        print(f"phalanx train: {error}", file=sys.stderr)
+        return 2
     topology = phalanx.cluster.resolve(args.platform, cpu_devices=args.cpu_devices)
     print(topology.summary())
     strategy = phalanx.Strategy()
@@ -120,10 +155,11 @@ def run(args: argparse.Namespace) -> int:
     test = phalanx.data.Dataset.from_tensor_slices(prepare(x_test, y_test)).batch(global_batch)
 
     run_dir = Path(args.logdir) / time.strftime("mnist-%Y%m%d-%H%M%S")
+    rate = learning_rate(args.learning_rate, global_batch, len(train), args.epochs)
     with strategy.scope():
         model = phalanx.Model(build_module(args.model, args.seed))
         model.compile(
-            optimizer="adam",
+            optimizer=phalanx.optimizers.get("adam", learning_rate=rate),
             loss=phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             steps_per_execution=steps_per_execution,

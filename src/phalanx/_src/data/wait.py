@@ -19,6 +19,8 @@ FIXES = (
     "cache() after expensive maps",
     "a deeper prefetch (prefetch(N), or a larger host_depth/device_depth)",
     "a vectorised source (map after batch(), Dataset.from_tensor_slices over arrays)",
+    "more steps per call (compile(steps_per_execution=K)) when a step takes about a "
+    "millisecond and the host loop itself is what the devices wait for",
 )
 
 
@@ -32,6 +34,7 @@ class InputWaitMeter:
     Args:
       threshold: the wait fraction above which an epoch counts as input-bound (0.10).
       clock: seconds as a float; `time.perf_counter` unless a test injects its own.
+      min_epoch_seconds: epochs shorter than this never warn (their wait is mostly start-up).
 
     Example:
       >>> meter = InputWaitMeter()
@@ -43,10 +46,18 @@ class InputWaitMeter:
       >>> logs.update(meter.epoch_summary())  # {"input_wait_fraction": 0.02, ...}
     """
 
-    def __init__(self, threshold: float = 0.10, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        threshold: float = 0.10,
+        clock: Callable[[], float] = time.perf_counter,
+        min_epoch_seconds: float = 1.0,
+    ):
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}; e.g. 0.10.")
+        if min_epoch_seconds < 0:
+            raise ValueError(f"min_epoch_seconds must be >= 0, got {min_epoch_seconds}.")
         self.threshold = threshold
+        self.min_epoch_seconds = min_epoch_seconds
         self._clock = clock
         self._warned = False
         self._start: float | None = None
@@ -102,7 +113,9 @@ class InputWaitMeter:
             "steps": self._steps,
             "input_wait_per_step_s": self._wait / self._steps if self._steps else 0.0,
         }
-        if fraction > self.threshold and not self._warned:
+        # An epoch shorter than min_epoch_seconds is mostly start-up (the first batch, thread
+        # start): its fraction is reported but says little about the pipeline.
+        if fraction > self.threshold and wall >= self.min_epoch_seconds and not self._warned:
             self._warned = True
             warnings.warn(
                 f"the input pipeline is the bottleneck: steps waited {fraction:.0%} of the "

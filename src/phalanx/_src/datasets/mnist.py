@@ -28,6 +28,7 @@ URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
 SHA256 = "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1"
 FILENAME = "mnist.npz"
 DATA_DIR_ENV = "PHALANX_DATA_DIR"
+URL_ENV = "PHALANX_MNIST_URL"  # a mirror of URL (same file: the checksum still applies)
 _DOWNLOAD_TIMEOUT_S = 60
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -98,22 +99,26 @@ def validate(path: str | os.PathLike) -> tuple[Split, Split]:
     return (arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])
 
 
+def _url() -> str:
+    return os.environ.get(URL_ENV) or URL
+
+
 def _download(destination: Path) -> None:
-    """Downloads URL to `destination` through a temporary file; checks the sha256 first."""
+    """Downloads `_url()` to `destination` through a temporary file; checks the sha256 first."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".mnist-", suffix=".part", dir=destination.parent)
     try:
         digest = hashlib.sha256()
         with (
             os.fdopen(fd, "wb") as tmp,
-            urllib.request.urlopen(URL, timeout=_DOWNLOAD_TIMEOUT_S) as response,
+            urllib.request.urlopen(_url(), timeout=_DOWNLOAD_TIMEOUT_S) as response,
         ):
             while chunk := response.read(1 << 20):
                 digest.update(chunk)
                 tmp.write(chunk)
         if digest.hexdigest() != SHA256:
             raise ValueError(
-                f"the file downloaded from {URL} has sha256 {digest.hexdigest()}, expected "
+                f"the file downloaded from {_url()} has sha256 {digest.hexdigest()}, expected "
                 f"{SHA256}; the download was corrupted or the URL changed. Download it by hand "
                 f"and put it at {destination}"
             )
@@ -167,7 +172,7 @@ def load_data(
         searched = "\n".join(f"  {c}" for c in candidates)
         raise FileNotFoundError(
             f"MNIST is not available offline and downloading it failed ({err}).\nSearched:\n"
-            f"{searched}\nDownload {URL} (sha256 {SHA256}) on a machine with network access "
+            f"{searched}\nDownload {_url()} (sha256 {SHA256}) on a machine with network access "
             f"and save it as one of those paths, e.g. {destination}, or pass data_dir= (or set "
             f"${DATA_DIR_ENV}) to the folder that holds {FILENAME}"
         ) from None

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -104,9 +105,9 @@ def _pad(array: Any, index: np.ndarray | None, slots: int) -> Any:
 class BatchDistributor:
     """Makes global, data-sharded arrays of process-local batches, padding partial ones.
 
-    The first batch fixes the compiled rows per replica (`ceil(rows / local replicas)`, or the
-    declared global batch size); later batches may be smaller (they are padded and masked)
-    but not larger.
+    The first batch fixes the compiled rows per replica (`ceil(rows / local replicas)`, the
+    largest over the processes, or the declared global batch size); later batches may be
+    smaller (they are padded and masked) but not larger.
     """
 
     def __init__(
@@ -136,12 +137,28 @@ class BatchDistributor:
         leaves, treedef, rows = check_batch(batch)
         local = self.strategy.num_local_replicas
         if self.per_replica is None:
-            self.per_replica = layout.rows_per_replica(rows, local)
+            self.per_replica = self._agree(layout.rows_per_replica(rows, local))
         slots = local * self.per_replica
         if rows == slots:
             return leaves, np.ones(slots, dtype=bool), treedef
         index, mask = layout.padded_index(rows, local, self.per_replica)
         return [_pad(leaf, index, slots) for leaf in leaves], mask, treedef
+
+    def _agree(self, per_replica: int) -> int:
+        """The largest of every process's `per_replica`, so all build the same global shape.
+
+        Processes may see first batches of different sizes (a dataset smaller than one global
+        batch, split 3 | 2); without agreeing, each would compile its own global shape and the
+        first collective that depends on it would fail. One small all-reduce, first batch only.
+        """
+        strategy = self.strategy
+        if len({d.process_index for d in strategy.devices}) == 1:
+            return per_replica
+        mine = np.full(strategy.num_local_replicas, per_replica, dtype=np.int32)
+        votes = jax.make_array_from_process_local_data(
+            strategy.data_sharding, mine, (strategy.num_replicas_in_sync,)
+        )
+        return int(jax.jit(jnp.max, out_shardings=strategy.replicated_sharding)(votes))
 
     def _global(self, local: Any, sharding: Any, leading: tuple[int, ...]) -> jax.Array:
         rows = self.strategy.num_replicas_in_sync * self.per_replica

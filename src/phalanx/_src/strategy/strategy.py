@@ -257,8 +257,11 @@ class Strategy:
         With `axis=None`, replica values are combined elementwise (MEAN divides by the number
         of replicas). With an `axis`, each replica's value is first reduced along it and MEAN
         divides by the total number of elements along that axis over all replicas. Padded
-        rows of a partial batch never count. A plain array (the same on every replica) is
-        returned by MEAN and rejected by SUM.
+        rows of a partial batch never count. A mirrored result of `run` (a plain array, the
+        same on every replica) is summed once per replica by SUM and returned by MEAN, as in
+        tf.distribute; any other plain array has no per-replica parts: MEAN returns it and
+        SUM raises. (`run` marks its mirrored results by identity, so compute on them only
+        after reducing.)
 
         Args:
           reduce_op: `ReduceOp` or "sum" / "mean" / "max" / "min".

@@ -46,8 +46,8 @@ class Model:
       ...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
       ...                   metrics=["accuracy"])
       >>> history = model.fit(x_train, y_train, batch_size=128 * 8, epochs=5)
-      >>> model.evaluate(x_test, y_test)
-      {'loss': 0.08, 'sparse_categorical_accuracy': 0.975}
+      >>> model.evaluate(x_test, y_test, return_dict=True)
+      {'loss': 0.08, 'accuracy': 0.975}
     """
 
     def __init__(self, module: nnx.Module, *, strategy: Strategy | None = None) -> None:
@@ -232,6 +232,33 @@ class Model:
         self._check_compiled("learning_rate")
         opt = optimizers_lib.set_learning_rate(self._state["opt"], value)
         self._state = {**self._state, "opt": self.strategy.replicate(opt)}
+
+    def load_checkpoint(self, directory: str | Any, step: int | None = None) -> dict[str, Any]:
+        """Restores the training state saved by `ModelCheckpoint` (or `BackupAndRestore`).
+
+        Args:
+          directory: the checkpoint directory given to the callback.
+          step: which checkpoint (the epoch number, or the step count with an int
+            `save_freq`); default: the newest.
+
+        Returns:
+          The checkpoint's record (e.g. `{"epoch": 4, "logs": {...}}`).
+
+        Raises:
+          FileNotFoundError: no checkpoint in `directory`.
+
+        Example:
+          >>> model.compile(...)                       # the same configuration as when saved
+          >>> model.load_checkpoint("runs/ckpt")
+        """
+        from phalanx._src.train.checkpoint import TrainCheckpointer
+
+        self._check_compiled("load_checkpoint")
+        checkpointer = TrainCheckpointer(directory)
+        try:
+            return checkpointer.restore(self, step)
+        finally:
+            checkpointer.close()
 
     # ---- the loops ------------------------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:

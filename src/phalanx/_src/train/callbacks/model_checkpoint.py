@@ -19,7 +19,7 @@ class ModelCheckpoint(Callback):
     step with an int `save_freq`), written by Orbax into a temporary directory and renamed
     when complete, so a crash never leaves a half-written checkpoint. Replicated state is
     written once, by one process. Restore with `TrainCheckpointer(directory).restore(model)`
-    or `phalanx.Model.load_checkpoint(directory)`.
+    or `model.load_checkpoint(directory)`.
 
     Args:
       directory: where checkpoints go.

@@ -1,0 +1,58 @@
+"""The two seed programs, ported, run unchanged on one device and on 8 fake devices."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+pytestmark = pytest.mark.slow
+
+
+def _run(script, args, devices, data_dir):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(
+        JAX_PLATFORMS="cpu", PHALANX_CPU_DEVICES=str(devices), PHALANX_DATA_DIR=str(data_dir)
+    )
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_fit_example(mnist_path, devices):
+    out = _run(
+        "mnist_fit.py", ["--epochs", "2", "--steps-per-epoch", "8"], devices, mnist_path.parent
+    )
+    assert f"Number of accelerators: {devices}" in out
+    assert f"Global batch size: {128 * devices}" in out
+    assert "Training finished." in out
+    losses = [
+        float(line.split("loss: ")[1].split()[0])
+        for line in out.splitlines()
+        if line.startswith("Epoch ") and "loss: " in line
+    ]
+    assert len(losses) == 2 and losses[1] < losses[0]
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_custom_training_loop_example(mnist_path, devices):
+    out = _run(
+        "custom_training_loop.py", ["--epochs", "2", "--steps", "12"], devices, mnist_path.parent
+    )
+    summaries = [
+        line for line in out.splitlines() if line.startswith("Epoch ") and "accuracy" in line
+    ]
+    assert len(summaries) == 2
+    losses = [float(s.split("loss ")[1].split(",")[0]) for s in summaries]
+    accuracy = float(summaries[-1].split("accuracy ")[1])
+    assert losses[1] < losses[0]
+    assert 0.5 < accuracy <= 1.0
