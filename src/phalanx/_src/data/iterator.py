@@ -124,6 +124,12 @@ class DatasetIterator:
         inner, self._inner = self._inner, None
         if inner is not None:
             inner.close()
+            # Grain's close() cancels queued work but lets running work finish in the
+            # background (executor.shutdown(wait=False)); wait for it, so that no thread
+            # outlives the iterator (the attribute is Grain's; absent, there is none to wait on).
+            executor = getattr(inner, "_executor", None)
+            if executor is not None:
+                executor.shutdown(wait=True)
 
     def __enter__(self) -> DatasetIterator:
         return self

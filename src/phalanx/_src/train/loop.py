@@ -93,6 +93,30 @@ class Groups:
         self._source.set_state(state)
 
 
+class Direct:
+    """Device batches made in the calling thread, when no prefetch is asked (`prefetch=0`)."""
+
+    def __init__(self, groups: Groups, put: Any) -> None:
+        self._groups = groups
+        self._put = put
+        self.checkpointable = groups.checkpointable
+
+    def __enter__(self) -> Direct:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __iter__(self) -> Direct:
+        return self
+
+    def __next__(self) -> Any:
+        return self._put(next(self._groups))
+
+    def get_state(self) -> Any:
+        return self._groups.get_state()
+
+
 class _InFlight:
     """Blocks on the oldest call once `MAX_IN_FLIGHT` are queued."""
 
@@ -156,15 +180,23 @@ def _run_phase(
     steps = 0
     next_fetch = interval or 0
     logs: dict[str, float] = {}
-    with DevicePrefetcher(
-        groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
-    ) as feed:
+    if prefetch > 0:
+        feed = DevicePrefetcher(
+            groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
+        )
+    else:
+        feed = Direct(groups, runner.put)
+    with feed:
         while True:
-            if meter is not None:
+            if meter is not None and steps > 0:
                 with meter.waiting():
                     item = next(feed, None)
             else:
                 item = next(feed, None)
+                if meter is not None:
+                    # The wait for the first batch is the pipeline's start-up (threads,
+                    # workers, the first transfer), not its steady state: the clock starts here.
+                    meter.start_epoch()
             if item is None:
                 break
             n = runner.batches_in(item)
@@ -229,7 +261,8 @@ def fit(
         one, the data iterator then carries over from epoch to epoch and restarts when it
         runs out.
       seed: the shuffle seed for arrays (default: a fresh random seed).
-      prefetch: batches made ahead on the host and put on the devices ahead of use.
+      prefetch: batches made ahead in a thread and put on the devices ahead of use; 0 makes
+        each batch in the loop's own thread when it is needed.
       device_data: keep an in-memory phalanx Dataset's arrays on the devices and send only
         row numbers per step: 'auto' (when they fit), True, or False.
 
@@ -241,6 +274,8 @@ def fit(
     """
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an int >= 0 (0: no prefetch thread), got {prefetch!r}")
     if not 0 <= initial_epoch <= max(epochs, 0):
         raise ValueError(f"initial_epoch {initial_epoch} must be in [0, epochs={epochs}]")
     data, source = on_devices(
@@ -278,35 +313,56 @@ def fit(
     carried: Iterator[Any] | None = None
     cbs.on_train_begin()
     start_epoch = model._fit_epoch  # BackupAndRestore may move it in on_train_begin
-    for epoch in range(start_epoch, epochs):
-        model._fit_epoch = epoch
-        _reset_metrics(model)
-        cbs.on_epoch_begin(epoch)
-        meter.start_epoch()
-        t0 = time.perf_counter()
-        iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
-        steps, exhausted, model._last_data_state = _run_phase(
-            model, "train", iterator, limit, cbs, meter, model._on_train_steps, prefetch, source
-        )
-        model._fit_steps_done = 0
-        carried = None if (exhausted or steps_per_epoch is None) else iterator
-        elapsed = time.perf_counter() - t0
-        epoch_logs = fetch_logs(model)
-        examples = float(steps * _global_batch(model, data))
-        epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
-        epoch_logs["input_wait_fraction"] = meter.epoch_summary()["input_wait_fraction"]
-        if val_data is not None and (epoch + 1) % validation_freq == 0:
-            val_logs = _evaluate_logs(model, val_data, validation_steps)
-            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-        if steps == 0:
-            warnings.warn(
-                f"epoch {epoch + 1} ran no step: the data is empty or ran out", stacklevel=3
+    iterator: Iterator[Any] | None = None
+    try:
+        for epoch in range(start_epoch, epochs):
+            model._fit_epoch = epoch
+            _reset_metrics(model)
+            cbs.on_epoch_begin(epoch)
+            t0 = time.perf_counter()
+            iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
+            steps, exhausted, model._last_data_state = _run_phase(
+                model,
+                "train",
+                iterator,
+                limit,
+                cbs,
+                meter,
+                model._on_train_steps,
+                prefetch,
+                source,
             )
-        cbs.on_epoch_end(epoch, epoch_logs)
-        if model.stop_training:
-            break
+            model._fit_steps_done = 0
+            carried = None if (exhausted or steps_per_epoch is None) else iterator
+            if carried is None:
+                _close(iterator)
+            elapsed = time.perf_counter() - t0
+            epoch_logs = fetch_logs(model)
+            examples = float(steps * _global_batch(model, data))
+            epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
+            epoch_logs["input_wait_fraction"] = meter.epoch_summary()["input_wait_fraction"]
+            if val_data is not None and (epoch + 1) % validation_freq == 0:
+                val_logs = _evaluate_logs(model, val_data, validation_steps)
+                epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            if steps == 0:
+                warnings.warn(
+                    f"epoch {epoch + 1} ran no step: the data is empty or ran out", stacklevel=3
+                )
+            cbs.on_epoch_end(epoch, epoch_logs)
+            if model.stop_training:
+                break
+    finally:
+        # Whether fit returns, raises or is interrupted, no pipeline thread outlives it.
+        _close(iterator)
+        _close(carried)
     cbs.on_train_end(epoch_logs)
     return model.history
+
+
+def _close(iterator: Any) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
 
 
 def _epoch_iterator(
@@ -359,7 +415,11 @@ def _evaluate_logs(model: Model, data: tuple, steps: int | None) -> dict[str, fl
     _reset_metrics(model)
     quiet = CallbackList([], model=model)
     batches, source = data
-    _run_phase(model, "test", iter(batches), steps, quiet, None, source=source)
+    iterator = iter(batches)
+    try:
+        _run_phase(model, "test", iterator, steps, quiet, None, source=source)
+    finally:
+        _close(iterator)
     logs = fetch_logs(model)
     _reset_metrics(model)
     return logs
@@ -394,7 +454,11 @@ def evaluate(
     cbs = CallbackList(callbacks, model=model, steps=steps or _length(data), verbose=verbose)
     _reset_metrics(model)
     cbs.on_test_begin()
-    _run_phase(model, "test", iter(data), steps, cbs, None, source=source)
+    iterator = iter(data)
+    try:
+        _run_phase(model, "test", iterator, steps, cbs, None, source=source)
+    finally:
+        _close(iterator)
     logs = fetch_logs(model)
     cbs.on_test_end(logs)
     if return_dict:
@@ -422,15 +486,19 @@ def predict(
     predict_fn = execution.predict_fn(model)
     outputs: list[Any] = []
     cbs.on_predict_begin()
-    for index, host_batch in enumerate(iter(data)):
-        if steps is not None and index >= steps:
-            break
-        batch, mask = distributor.arrays(host_batch)
-        cbs._call_batch("predict", "begin", index, None)
-        y_pred = predict_fn(model._state, source, batch)
-        keep = _host(mask).astype(bool)
-        outputs.append(jax.tree.map(lambda p, keep=keep: _host(p)[keep], y_pred))
-        cbs._call_batch("predict", "end", index, None)
+    iterator = iter(data)
+    try:
+        for index, host_batch in enumerate(iterator):
+            if steps is not None and index >= steps:
+                break
+            batch, mask = distributor.arrays(host_batch)
+            cbs._call_batch("predict", "begin", index, None)
+            y_pred = predict_fn(model._state, source, batch)
+            keep = _host(mask).astype(bool)
+            outputs.append(jax.tree.map(lambda p, keep=keep: _host(p)[keep], y_pred))
+            cbs._call_batch("predict", "end", index, None)
+    finally:
+        _close(iterator)
     cbs.on_predict_end()
     if not outputs:
         raise ValueError("predict got no batch: the data is empty")

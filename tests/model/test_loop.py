@@ -1,0 +1,99 @@
+"""The loop's promises: no thread outlives fit, no device sync nobody asked for, and the
+feeding variants (device-resident data, no prefetch) give the same numbers."""
+
+import threading
+
+import numpy as np
+import pytest
+from conftest import build, make_data
+
+import phalanx
+from phalanx._src.train import loop
+
+# These pipelines run map workers on 2 busy cores: whether the loop waits for them is the
+# machine's business here; the warning itself is tested in tests/data/test_input_wait.py.
+pytestmark = pytest.mark.filterwarnings("ignore::phalanx.data.InputBoundWarning")
+
+
+def _dataset(n=96, workers=2):
+    x, y = make_data(n)
+    ds = phalanx.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=0).batch(16)
+    return ds.map(lambda xb, yb: (xb * 1.0, yb), num_parallel_calls=workers)
+
+
+class _Boom(phalanx.callbacks.Callback):
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            raise self.error
+
+
+def _alive_pipeline_threads(before):
+    return [t.name for t in threading.enumerate() if t.is_alive() and t not in before]
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("boom"), KeyboardInterrupt()])
+def test_no_thread_outlives_fit(all_devices, error):
+    model = build(all_devices)
+    before = set(threading.enumerate())
+    callbacks = [] if error is None else [_Boom(error)]
+    if error is None:
+        model.fit(_dataset(), epochs=2, verbose=0, callbacks=callbacks)
+    else:
+        with pytest.raises(type(error)):
+            model.fit(_dataset(), epochs=2, verbose=0, callbacks=callbacks)
+    assert _alive_pipeline_threads(before) == []
+
+
+def test_hooks_nobody_overrides_cost_no_device_sync(all_devices, monkeypatch):
+    fetches = []
+    real = loop.fetch_logs
+    monkeypatch.setattr(loop, "fetch_logs", lambda model: fetches.append(1) or real(model))
+    x, y = make_data(80)
+    model = build(all_devices)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 5 steps an epoch
+    assert len(fetches) == 2  # one per epoch, none per step
+
+    class EveryBatch(phalanx.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen.append(logs["loss"])
+
+    fetches.clear()
+    every = EveryBatch()
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[every])
+    assert len(every.seen) == 10 and len(fetches) == 2 + 10
+
+
+@pytest.mark.parametrize("variant", [{"device_data": False}, {"prefetch": 0}])
+def test_feeding_variants_give_the_same_numbers(all_devices, variant):
+    x, y = make_data(100)
+    results = []
+    for kwargs in ({}, variant):
+        model = build(all_devices, optimizer="adam")
+        ds = phalanx.data.Dataset.from_tensor_slices((x, y)).shuffle(100, seed=4).batch(24)
+        history = model.fit(ds, epochs=2, verbose=0, **kwargs)
+        results.append((history.history["loss"], model.get_weights()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
+    for a, b in zip(results[1][1], results[0][1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
+    used = []
+    real = loop.device_data.prepare
+    monkeypatch.setattr(
+        loop.device_data, "prepare", lambda *a, **k: used.append(r := real(*a, **k)) or r
+    )
+    x, y = make_data(48)
+    build(all_devices).fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert used and used[0] is not None
+    used.clear()
+    build(all_devices).fit(_dataset(48, workers=None), epochs=1, verbose=0)  # a map: rows
+    assert used == [None]
