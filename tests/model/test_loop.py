@@ -10,10 +10,6 @@ from conftest import build, make_data
 import phalanx
 from phalanx._src.train import loop
 
-# These pipelines run map workers on 2 busy cores: whether the loop waits for them is the
-# machine's business here; the warning itself is tested in tests/data/test_input_wait.py.
-pytestmark = pytest.mark.filterwarnings("ignore::phalanx.data.InputBoundWarning")
-
 
 def _dataset(n=96, workers=2):
     x, y = make_data(n)

@@ -156,6 +156,15 @@ class DevicePrefetcher:
     def __iter__(self) -> DevicePrefetcher:
         return self
 
+    def ready(self) -> bool:
+        """Whether `next` would return at once (a batch, or the end) without waiting."""
+        if self._device or self._pending is not None or self._closed:
+            return True
+        if self._thread is None:
+            return False
+        self._take(block=False)
+        return bool(self._device) or self._pending is not None
+
     def start(self) -> DevicePrefetcher:
         """Starts reading ahead now (e.g. while the step compiles); `next` does it otherwise."""
         if self._thread is None and not self._closed:

@@ -38,7 +38,9 @@ class DeviceData:
 
 
 def _budget(strategy: Strategy) -> int:
-    stats = getattr(strategy.devices[0], "memory_stats", lambda: None)()
+    me = jax.process_index()  # only this process's devices can report their memory
+    device = next((d for d in strategy.devices if d.process_index == me), jax.local_devices()[0])
+    stats = getattr(device, "memory_stats", lambda: None)()
     limit = (stats or {}).get("bytes_limit")
     return int(limit) // 4 if limit else UNKNOWN_MEMORY_BUDGET
 

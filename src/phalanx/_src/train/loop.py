@@ -110,6 +110,10 @@ class Direct:
     def __iter__(self) -> Direct:
         return self
 
+    @staticmethod
+    def ready() -> bool:
+        return False  # every batch is made when it is asked for
+
     def __next__(self) -> Any:
         return self._put(next(self._groups))
 
@@ -131,6 +135,21 @@ class _InFlight:
     def drain(self) -> None:
         while self._ticks:
             self._ticks.popleft().block_until_ready()
+
+
+def _next_batch(feed: Any, in_flight: _InFlight, meter: InputWaitMeter | None) -> Any:
+    """The next device batch, timing only what the devices wait for.
+
+    With async dispatch the host often waits for a batch while the devices still run the
+    steps already queued; that is not input wait. So when no batch is ready, the queued work
+    is waited for first (nothing else could be dispatched anyway), and only the time the
+    idle devices then wait for the batch is counted.
+    """
+    if meter is None or feed.ready():
+        return next(feed, None)
+    in_flight.drain()
+    with meter.waiting():
+        return next(feed, None)
 
 
 def _reset_metrics(model: Model) -> None:
@@ -188,9 +207,8 @@ def _run_phase(
         feed = Direct(groups, runner.put)
     with feed:
         while True:
-            if meter is not None and steps > 0:
-                with meter.waiting():
-                    item = next(feed, None)
+            if steps > 0:
+                item = _next_batch(feed, in_flight, meter)
             else:
                 item = next(feed, None)
                 if meter is not None:
