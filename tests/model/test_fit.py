@@ -28,14 +28,14 @@ def test_fit_on_all_replicas_equals_one_device(one_device, all_devices):
     losses = {}
     params = {}
     for name, strategy in (("one", one_device), ("all", all_devices)):
-        model = build(strategy, optimizer="sgd")
+        model = build(strategy, optimizer=optax.sgd(0.1))
         losses[name] = _fit_steps(model, x, y, batch, steps=20)
         params[name] = _params(model)
     assert len(losses["one"]) == 20
     np.testing.assert_allclose(losses["all"], losses["one"], rtol=1e-4)
     for a, b in zip(params["all"], params["one"], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
-    assert losses["one"][-1] < losses["one"][0]
+    assert np.mean(losses["one"][-5:]) < np.mean(losses["one"][:5])
 
 
 def test_gradient_accumulation_equals_one_large_step(all_devices):
