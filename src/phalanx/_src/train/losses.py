@@ -49,16 +49,21 @@ def _squeeze_sparse_labels(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
     return y_true.astype(jnp.int32)
 
 
-def _align_rank(y_true: jax.Array, y_pred: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Keras's squeeze-or-expand: (B,) against (B, 1) is made (B, 1) against (B, 1)."""
+def align_rank(
+    y_true: jax.Array, y_pred: jax.Array, hint: str = "give labels the shape of the predictions"
+) -> tuple[jax.Array, jax.Array]:
+    """Keras's squeeze-or-expand: (B,) against (B, 1) is made (B, 1) against (B, 1).
+
+    Raises:
+      ValueError: when the shapes still differ; the message ends with `hint`.
+    """
     if y_true.ndim == y_pred.ndim - 1 and y_pred.shape[-1] == 1:
         y_true = y_true[..., None]
     elif y_pred.ndim == y_true.ndim - 1 and y_true.shape[-1] == 1:
         y_pred = y_pred[..., None]
     if y_true.shape != y_pred.shape:
         raise ValueError(
-            f"y_true of shape {y_true.shape} does not match y_pred of shape {y_pred.shape}; "
-            "give labels the shape of the predictions"
+            f"y_true of shape {y_true.shape} does not match y_pred of shape {y_pred.shape}; {hint}"
         )
     return y_true, y_pred
 
@@ -191,7 +196,7 @@ class BinaryCrossentropy(Loss):
         self.label_smoothing = _check_smoothing(label_smoothing)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
-        labels, y_pred = _align_rank(_float32(y_true), y_pred)
+        labels, y_pred = align_rank(_float32(y_true), y_pred)
         if self.label_smoothing:
             labels = labels * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing
         if self.from_logits:
@@ -211,7 +216,7 @@ class MeanSquaredError(Loss):
         super().__init__(name)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
-        y_true, y_pred = _align_rank(_float32(y_true), y_pred)
+        y_true, y_pred = align_rank(_float32(y_true), y_pred)
         return optax.squared_error(y_pred, y_true)
 
 
@@ -226,7 +231,7 @@ class MeanAbsoluteError(Loss):
         super().__init__(name)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
-        y_true, y_pred = _align_rank(_float32(y_true), y_pred)
+        y_true, y_pred = align_rank(_float32(y_true), y_pred)
         return jnp.abs(y_pred - y_true)
 
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from phalanx._src.train.losses import align_rank
 from phalanx._src.train.metrics.base import Metric, example_weights, safe_divide, zeros
 
 # Keras's `backend.epsilon()`, which pads AUC's end thresholds to -eps and 1 + eps.
@@ -25,18 +26,12 @@ def _prepare(
     y_true: Any, y_pred: Any, sample_weight: Any, class_id: int | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Labels as 0/1 float32, predictions as float32 and per-element weights, same shape."""
-    y_true = jnp.asarray(y_true, jnp.float32)
-    y_pred = jnp.asarray(y_pred, jnp.float32)
-    if y_true.ndim == y_pred.ndim - 1 and y_pred.shape[-1] == 1:
-        y_true = y_true[..., None]
-    elif y_pred.ndim == y_true.ndim - 1 and y_true.shape[-1] == 1:
-        y_pred = y_pred[..., None]
-    if y_true.shape != y_pred.shape:
-        raise ValueError(
-            f"y_true of shape {y_true.shape} does not match y_pred of shape {y_pred.shape}; "
-            "confusion metrics (precision, recall, auc) need 0/1 labels shaped like the "
-            "predictions (one-hot for several classes)"
-        )
+    y_true, y_pred = align_rank(
+        jnp.asarray(y_true, jnp.float32),
+        jnp.asarray(y_pred, jnp.float32),
+        "confusion metrics (precision, recall, auc) need 0/1 labels shaped like the "
+        "predictions (one-hot for several classes)",
+    )
     if class_id is not None:
         y_true, y_pred = y_true[..., class_id, None], y_pred[..., class_id, None]
     weight = example_weights(sample_weight, y_pred.shape[0] if y_pred.ndim else None)
