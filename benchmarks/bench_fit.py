@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fit.py                  # 1 and 8 devices, K = 1 and 50
     python benchmarks/bench_fit.py --devices 8 --steps-per-execution 50 --passes 2
+    python benchmarks/bench_fit.py --cnn           # steps_per_execution on a convnet (CPU)
 
 The model is the first seed's MLP (784-128-10, Adam, global batch 1024) on MNIST (found
 through $PHALANX_DATA_DIR; random data of the same shape stands in when it is absent). Both
@@ -141,6 +142,32 @@ def with_fit(x, y, k: int, epochs: int) -> tuple[float, float]:
     return rates[best], history.history["input_wait_fraction"][1:][best]
 
 
+def cnn_modes() -> None:
+    """The XLA:CPU convnet trap: fit's chosen K-step mode against a forced `lax.scan`."""
+    import warnings
+
+    import phalanx
+    from phalanx._src.cli.train import build_module
+
+    warnings.simplefilter("ignore", phalanx.data.InputBoundWarning)
+    x, y = _data()
+    ds = phalanx.data.Dataset.from_tensor_slices((x[:1024], y[:1024])).batch(128)
+    print(f"{'convnet, 1 device, batch 128':<32} {'mode':>6} {'ex/s':>8}")
+    for k, forced in ((1, None), (4, None), (4, "scan")):
+        model = phalanx.Model(build_module("cnn", 0))
+        model.compile(
+            "adam",
+            phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=k,
+        )
+        if forced:  # what a plain lax.scan would do; fit itself never picks this on CPU
+            model._compiled_fns["mode"] = forced
+        rates = model.fit(ds, epochs=2, verbose=0).history["examples_per_second"]
+        mode = forced or model._compiled_fns.get("mode", "single")
+        label = f"steps_per_execution={k}" + (" (forced)" if forced else "")
+        print(f"{label:<32} {mode:>6} {rates[-1]:>8,.0f}", flush=True)
+
+
 def child(args: argparse.Namespace) -> None:
     import jax
 
@@ -164,7 +191,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cnn", action="store_true", help="only the convnet K-step modes")
     args = parser.parse_args(argv)
+    if args.cnn:
+        cnn_modes()
+        return 0
     args.steps_per_execution = args.steps_per_execution or [1, 50]
     if args.child:
         child(args)
