@@ -139,3 +139,16 @@ def test_bad_arguments_fail_before_compiling(all_devices):
         uncompiled.fit(x, y)
     assert not model._compiled_fns.get(("train", False))
     assert jax.device_count() >= 1
+
+
+def test_auto_steps_per_execution_fits_the_epoch(all_devices):
+    n = all_devices.num_replicas_in_sync
+    x, y = make_data(4 * n * 6)  # 6 batches an epoch: auto picks K = 6, not 50
+    auto = build(all_devices, optimizer="adam", steps_per_execution="auto")
+    single = build(all_devices, optimizer="adam")
+    for model in (auto, single):
+        model.fit(x, y, batch_size=4 * n, epochs=2, seed=1, verbose=0)
+    assert auto._execution_k(6) == 6 and auto._execution_k(None) == 50
+    np.testing.assert_allclose(
+        auto.history.history["loss"], single.history.history["loss"], rtol=1e-5
+    )

@@ -182,6 +182,7 @@ def _run_phase(
     on_state: Any = None,
     prefetch: int = 2,
     source: Any = None,
+    steps_hint: int | None = None,
 ) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 
@@ -189,7 +190,7 @@ def _run_phase(
       `(steps run, whether the source ran out, the source's position after the last batch
       run, or None when the source cannot report it)`.
     """
-    k = model._execution_k(phase)
+    k = model._execution_k(limit or steps_hint)
     distributor = BatchDistributor(model.strategy)
     groups = Groups(iterator, k, limit)
     runner = execution.Runner(model, phase, k, distributor, source)
@@ -349,6 +350,7 @@ def fit(
                 model._on_train_steps,
                 prefetch,
                 source,
+                steps_hint=steps_known,
             )
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
@@ -435,7 +437,9 @@ def _evaluate_logs(model: Model, data: tuple, steps: int | None) -> dict[str, fl
     batches, source = data
     iterator = iter(batches)
     try:
-        _run_phase(model, "test", iterator, steps, quiet, None, source=source)
+        _run_phase(
+            model, "test", iterator, steps, quiet, None, source=source, steps_hint=_length(batches)
+        )
     finally:
         _close(iterator)
     logs = fetch_logs(model)
@@ -474,7 +478,9 @@ def evaluate(
     cbs.on_test_begin()
     iterator = iter(data)
     try:
-        _run_phase(model, "test", iterator, steps, cbs, None, source=source)
+        _run_phase(
+            model, "test", iterator, steps, cbs, None, source=source, steps_hint=_length(data)
+        )
     finally:
         _close(iterator)
     logs = fetch_logs(model)

@@ -283,12 +283,14 @@ class Model:
         return loop.predict(self, x, **kwargs)
 
     # ---- hooks for the loop and the checkpoint callbacks ----------------------------------
-    def _execution_k(self, phase: str) -> int:
-        """Steps per compiled call for `phase`."""
+    def _execution_k(self, steps_hint: int | None = None) -> int:
+        """Steps per compiled call, for a phase of about `steps_hint` steps when known."""
         k = self.steps_per_execution
         if k == "auto":
-            # One call per ~50 steps amortises dispatch; the CPU conv fallback keeps it safe.
-            return 50
+            # One call per ~50 steps amortises dispatch (1.4-1.8x for a small MLP, measured);
+            # fewer when the phase is shorter, so no call is mostly filler steps. On XLA:CPU
+            # a convnet falls back to single-step calls (see execution.py).
+            return max(1, min(50, steps_hint or 50))
         return k
 
     def _on_train_steps(self, steps: int, feed: Any) -> None:
