@@ -89,9 +89,6 @@ class Groups:
     def get_state(self) -> Any:
         return self._source.get_state()
 
-    def set_state(self, state: Any) -> None:
-        self._source.set_state(state)
-
 
 class Direct:
     """Device batches made in the calling thread, when no prefetch is asked (`prefetch=0`)."""

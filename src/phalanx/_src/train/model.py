@@ -183,11 +183,6 @@ class Model:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    @property
-    def variables(self) -> Any:
-        """The module's variables (parameters and the rest) as an `nnx.State`."""
-        return nnx.state(self.module)
-
     def get_weights(self) -> list[np.ndarray]:
         """Every module variable as a host NumPy array (a snapshot, as Keras returns)."""
         return [np.array(x) for x in jax.tree.leaves(nnx.state(self.module))]

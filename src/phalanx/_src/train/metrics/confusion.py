@@ -58,30 +58,43 @@ def _check_thresholds(thresholds: float | Sequence[float] | None) -> tuple[tuple
 
 
 class _ThresholdCounts(Metric):
-    """Shared code of Precision and Recall: counts per threshold, `pred > threshold`."""
+    """Precision and Recall: true positives and one other count per threshold.
+
+    The ratio is `tp / (tp + other)`, where `other` is false positives (precision) or false
+    negatives (recall); a prediction is positive when `y_pred > threshold`.
+    """
+
+    _OTHER: str  # "false_positives" or "false_negatives"
 
     def __init__(
         self,
-        thresholds: float | Sequence[float] | None,
-        class_id: int | None,
-        name: str | None,
+        thresholds: float | Sequence[float] | None = None,
+        class_id: int | None = None,
+        name: str | None = None,
     ) -> None:
         super().__init__(name)
         self.thresholds, self._single = _check_thresholds(thresholds)
         self.class_id = class_id
         self.true_positives = zeros((len(self.thresholds),))
+        setattr(self, self._OTHER, zeros((len(self.thresholds),)))
 
-    def _counts(self, y_true: Any, y_pred: Any, sample_weight: Any) -> tuple[jax.Array, ...]:
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         labels, y_pred, weight = _prepare(y_true, y_pred, sample_weight, self.class_id)
         thresholds = jnp.asarray(self.thresholds, jnp.float32).reshape((-1,) + (1,) * y_pred.ndim)
         predicted = (y_pred[None] > thresholds).astype(jnp.float32)
         axes = tuple(range(1, predicted.ndim))
         tp = jnp.sum(predicted * labels * weight, axis=axes)
-        fp = jnp.sum(predicted * (1.0 - labels) * weight, axis=axes)
-        fn = jnp.sum((1.0 - predicted) * labels * weight, axis=axes)
-        return tp, fp, fn
+        if self._OTHER == "false_positives":
+            other = jnp.sum(predicted * (1.0 - labels) * weight, axis=axes)
+        else:
+            other = jnp.sum((1.0 - predicted) * labels * weight, axis=axes)
+        counter = getattr(self, self._OTHER)
+        self.true_positives[...] = self.true_positives[...] + tp
+        counter[...] = counter[...] + other
 
-    def _shape(self, value: jax.Array) -> jax.Array:
+    def result(self) -> jax.Array:
+        tp = self.true_positives[...]
+        value = safe_divide(tp, tp + getattr(self, self._OTHER)[...])
         return value[0] if self._single else value
 
 
@@ -92,7 +105,7 @@ class Precision(_ThresholdCounts):
       thresholds: a float in [0, 1] (default 0.5), or a list of them (the result is then a
         vector, one precision per threshold).
       class_id: optional class index to restrict the metric to (for one-hot outputs).
-      name: the key in logs.
+      name: the key in logs (default 'precision').
 
     Example:
       >>> m = Precision(); m.update_state(jnp.array([1, 0, 1]), jnp.array([0.9, 0.8, 0.1]))
@@ -100,23 +113,7 @@ class Precision(_ThresholdCounts):
       0.5
     """
 
-    def __init__(
-        self,
-        thresholds: float | Sequence[float] | None = None,
-        class_id: int | None = None,
-        name: str = "precision",
-    ) -> None:
-        super().__init__(thresholds, class_id, name)
-        self.false_positives = zeros((len(self.thresholds),))
-
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        tp, fp, _ = self._counts(y_true, y_pred, sample_weight)
-        self.true_positives[...] = self.true_positives[...] + tp
-        self.false_positives[...] = self.false_positives[...] + fp
-
-    def result(self) -> jax.Array:
-        tp = self.true_positives[...]
-        return self._shape(safe_divide(tp, tp + self.false_positives[...]))
+    _OTHER = "false_positives"
 
 
 class Recall(_ThresholdCounts):
@@ -125,7 +122,7 @@ class Recall(_ThresholdCounts):
     Args:
       thresholds: a float in [0, 1] (default 0.5), or a list of them.
       class_id: optional class index to restrict the metric to (for one-hot outputs).
-      name: the key in logs.
+      name: the key in logs (default 'recall').
 
     Example:
       >>> m = Recall(); m.update_state(jnp.array([1, 0, 1]), jnp.array([0.9, 0.8, 0.1]))
@@ -133,23 +130,7 @@ class Recall(_ThresholdCounts):
       0.5
     """
 
-    def __init__(
-        self,
-        thresholds: float | Sequence[float] | None = None,
-        class_id: int | None = None,
-        name: str = "recall",
-    ) -> None:
-        super().__init__(thresholds, class_id, name)
-        self.false_negatives = zeros((len(self.thresholds),))
-
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        tp, _, fn = self._counts(y_true, y_pred, sample_weight)
-        self.true_positives[...] = self.true_positives[...] + tp
-        self.false_negatives[...] = self.false_negatives[...] + fn
-
-    def result(self) -> jax.Array:
-        tp = self.true_positives[...]
-        return self._shape(safe_divide(tp, tp + self.false_negatives[...]))
+    _OTHER = "false_negatives"
 
 
 _CURVES = ("ROC", "PR")
