@@ -8,7 +8,7 @@ import pytest
 from conftest import build, make_data
 
 import phalanx
-from phalanx._src.train import loop
+from phalanx._src.train import feed
 
 
 def _dataset(n=96, workers=2):
@@ -46,8 +46,8 @@ def test_no_thread_outlives_fit(all_devices, error):
 
 def test_hooks_nobody_overrides_cost_no_device_sync(all_devices, monkeypatch):
     fetches = []
-    real = loop.fetch_logs
-    monkeypatch.setattr(loop, "fetch_logs", lambda model: fetches.append(1) or real(model))
+    real = feed.fetch_logs
+    monkeypatch.setattr(feed, "fetch_logs", lambda model: fetches.append(1) or real(model))
     x, y = make_data(80)
     model = build(all_devices)
     model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 5 steps an epoch
@@ -83,9 +83,9 @@ def test_feeding_variants_give_the_same_numbers(all_devices, variant):
 
 def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
     used = []
-    real = loop.device_data.prepare
+    real = feed.device_data.prepare
     monkeypatch.setattr(
-        loop.device_data, "prepare", lambda *a, **k: used.append(r := real(*a, **k)) or r
+        feed.device_data, "prepare", lambda *a, **k: used.append(r := real(*a, **k)) or r
     )
     x, y = make_data(48)
     build(all_devices).fit(x, y, batch_size=16, epochs=1, verbose=0)

@@ -1,242 +1,23 @@
-"""The fit / evaluate / predict loops: feed, step, bound what is in flight, report.
-
-The device never waits for the host: host batches are made ahead in a thread and put on the
-devices ahead of use (`DevicePrefetcher`); K steps run per compiled call; logs are fetched
-only every K steps when a callback wants them, and at the end of an epoch. On XLA:CPU more
-than ~30 queued calls with a collective deadlock (stack-facts), so at most
-`MAX_IN_FLIGHT` calls are queued.
-"""
+"""The fit / evaluate / predict loops (Keras's arguments), over `feed.run_phase`."""
 
 from __future__ import annotations
 
-import collections
 import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from phalanx._src.data.adapters import as_batches
-from phalanx._src.data.dataset import Dataset
-from phalanx._src.data.prefetch import DevicePrefetcher
 from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.strategy.distribute import BatchDistributor
-from phalanx._src.train import device_data, execution
+from phalanx._src.train import execution, feed
 from phalanx._src.train.callbacks.callback_list import CallbackList
 
 if TYPE_CHECKING:
     from phalanx._src.train.model import Model
-
-MAX_IN_FLIGHT = 8
-
-
-def host_data(
-    x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: bool, seed: int | None
-) -> Iterable[Any]:
-    """Keras's inputs as an iterable of host batches: arrays (with y, sample_weight) or any
-    source `phalanx.data.as_batches` accepts."""
-    if x is None:
-        raise ValueError("no data: pass x (arrays or a dataset), e.g. model.fit(x_train, y_train)")
-    if y is None and sample_weight is None:
-        data = x
-    else:
-        data = tuple(v for v in (x, y, sample_weight) if v is not None)
-    if shuffle and seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0])
-    batches = as_batches(data, batch_size, shuffle=shuffle, seed=seed)
-    if jax.process_count() > 1 and isinstance(batches, Dataset) and batches.split is None:
-        batches = batches.process_split()  # each process reads only its share of a batch
-    return batches
-
-
-def on_devices(model: Model, data: Iterable[Any], mode: bool | str) -> tuple[Iterable, Any]:
-    """`(what to iterate, on-device source arrays or None)`; see `device_data`."""
-    placed = device_data.prepare(data, model.strategy, mode)
-    return (data, None) if placed is None else (placed.indices, placed.arrays)
-
-
-class Groups:
-    """Groups of up to K host batches, at most `limit` batches in all (None: to the end)."""
-
-    def __init__(self, source: Iterator[Any], k: int, limit: int | None) -> None:
-        self._source = source
-        self._k = k
-        self._left = limit
-        self.checkpointable = bool(getattr(source, "checkpointable", False))
-        self.exhausted = False
-
-    def __iter__(self) -> Groups:
-        return self
-
-    def __next__(self) -> list[Any]:
-        group: list[Any] = []
-        while len(group) < self._k and (self._left is None or self._left > 0):
-            try:
-                group.append(next(self._source))
-            except StopIteration:
-                self.exhausted = True
-                break
-            if self._left is not None:
-                self._left -= 1
-        if not group:
-            raise StopIteration
-        return group
-
-    def get_state(self) -> Any:
-        return self._source.get_state()
-
-
-class Direct:
-    """Device batches made in the calling thread, when no prefetch is asked (`prefetch=0`)."""
-
-    def __init__(self, groups: Groups, put: Any) -> None:
-        self._groups = groups
-        self._put = put
-        self.checkpointable = groups.checkpointable
-
-    def __enter__(self) -> Direct:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __iter__(self) -> Direct:
-        return self
-
-    @staticmethod
-    def ready() -> bool:
-        return False  # every batch is made when it is asked for
-
-    def __next__(self) -> Any:
-        return self._put(next(self._groups))
-
-    def get_state(self) -> Any:
-        return self._groups.get_state()
-
-
-class _InFlight:
-    """Blocks on the oldest call once `MAX_IN_FLIGHT` are queued."""
-
-    def __init__(self) -> None:
-        self._ticks: collections.deque = collections.deque()
-
-    def add(self, tick: jax.Array) -> None:
-        self._ticks.append(tick)
-        if len(self._ticks) > MAX_IN_FLIGHT:
-            self._ticks.popleft().block_until_ready()
-
-    def drain(self) -> None:
-        while self._ticks:
-            self._ticks.popleft().block_until_ready()
-
-
-def _next_batch(feed: Any, in_flight: _InFlight, meter: InputWaitMeter | None) -> Any:
-    """The next device batch, timing only what the devices wait for.
-
-    With async dispatch the host often waits for a batch while the devices still run the
-    steps already queued; that is not input wait. So when no batch is ready, the queued work
-    is waited for first (nothing else could be dispatched anyway), and only the time the
-    idle devices then wait for the batch is counted.
-    """
-    if meter is None or feed.ready():
-        return next(feed, None)
-    in_flight.drain()
-    with meter.waiting():
-        return next(feed, None)
-
-
-def _reset_metrics(model: Model) -> None:
-    metrics = jax.tree.map(jnp.zeros_like, model._state["metrics"])
-    model._state = {**model._state, "metrics": metrics}
-
-
-def fetch_logs(model: Model) -> dict[str, float]:
-    """The current loss and metric values as Python floats (one device fetch)."""
-    fn = model._compiled_fns.get("logs")
-    if fn is None:
-        graphdef = model.steps.metrics_graphdef
-
-        def compute(metrics: Any) -> list[jax.Array]:
-            return [m.result() for m in nnx.merge(graphdef, metrics)]
-
-        fn = model._compiled_fns["logs"] = jax.jit(compute)
-    values = jax.device_get(fn(model._state["metrics"]))
-    names = [m.name for m in (model.loss_tracker, *model.metrics)]  # Keras's order: loss first
-    return {name: float(np.asarray(v)) for name, v in zip(names, values, strict=True)}
-
-
-def _run_phase(
-    model: Model,
-    phase: str,
-    iterator: Iterator[Any],
-    limit: int | None,
-    callbacks: CallbackList,
-    meter: InputWaitMeter | None,
-    on_state: Any = None,
-    prefetch: int = 2,
-    source: Any = None,
-    steps_hint: int | None = None,
-) -> tuple[int, bool, Any]:
-    """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
-
-    Returns:
-      `(steps run, whether the source ran out, the source's position after the last batch
-      run, or None when the source cannot report it)`.
-    """
-    k = model._execution_k(limit or steps_hint)
-    distributor = BatchDistributor(model.strategy)
-    groups = Groups(iterator, k, limit)
-    runner = execution.Runner(model, phase, k, distributor, source)
-    needs_hooks = callbacks.needs_batch_hooks(phase)
-    interval = callbacks.batch_logs_interval(phase)
-    in_flight = _InFlight()
-    steps = 0
-    next_fetch = interval or 0
-    logs: dict[str, float] = {}
-    if prefetch > 0:
-        feed = DevicePrefetcher(
-            groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
-        )
-    else:
-        feed = Direct(groups, runner.put)
-    with feed:
-        while True:
-            if steps > 0:
-                item = _next_batch(feed, in_flight, meter)
-            else:
-                item = next(feed, None)
-                if meter is not None:
-                    # The wait for the first batch is the pipeline's start-up (threads,
-                    # workers, the first transfer), not its steady state: the clock starts here.
-                    meter.start_epoch()
-            if item is None:
-                break
-            n = runner.batches_in(item)
-            if needs_hooks:
-                callbacks._call_batch(phase, "begin", steps, None)
-            in_flight.add(runner.execute(item))
-            steps += n
-            if phase == "train":
-                model.train_step_count += n
-            if meter is not None:
-                for _ in range(n):
-                    meter.step_done()
-            if on_state is not None:
-                on_state(steps, feed)
-            if needs_hooks:
-                if interval is not None and steps >= next_fetch:
-                    logs = fetch_logs(model)
-                    next_fetch = steps + interval
-                callbacks._call_batch(phase, "end", steps - 1, dict(logs))
-            if phase == "train" and model.stop_training:
-                break
-        in_flight.drain()
-        position = feed.get_state() if feed.checkpointable else None
-    return steps, groups.exhausted, position
 
 
 def fit(
@@ -294,17 +75,17 @@ def fit(
         raise ValueError(f"prefetch must be an int >= 0 (0: no prefetch thread), got {prefetch!r}")
     if not 0 <= initial_epoch <= max(epochs, 0):
         raise ValueError(f"initial_epoch {initial_epoch} must be in [0, epochs={epochs}]")
-    data, source = on_devices(
-        model, host_data(x, y, sample_weight, batch_size, shuffle, seed), device_data
+    data, source = feed.on_devices(
+        model, feed.host_data(x, y, sample_weight, batch_size, shuffle, seed), device_data
     )
-    steps_known = steps_per_epoch or _length(data)
+    steps_known = steps_per_epoch or feed.length(data)
     if steps_known is None and _is_infinite(data):
         raise ValueError(
             "the dataset repeats forever; pass steps_per_epoch=N so fit knows where an epoch ends"
         )
     val_data = None
     if validation_data is not None:
-        val_data = on_devices(
+        val_data = feed.on_devices(
             model,
             _validation_source(validation_data, validation_batch_size or batch_size),
             device_data,
@@ -333,11 +114,11 @@ def fit(
     try:
         for epoch in range(start_epoch, epochs):
             model._fit_epoch = epoch
-            _reset_metrics(model)
+            feed.reset_metrics(model)
             cbs.on_epoch_begin(epoch)
             t0 = time.perf_counter()
             iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
-            steps, exhausted, model._last_data_state = _run_phase(
+            steps, exhausted, model._last_data_state = feed.run_phase(
                 model,
                 "train",
                 iterator,
@@ -352,9 +133,9 @@ def fit(
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
             if carried is None:
-                _close(iterator)
+                feed.close(iterator)
             elapsed = time.perf_counter() - t0
-            epoch_logs = fetch_logs(model)
+            epoch_logs = feed.fetch_logs(model)
             examples = float(steps * _global_batch(model, data))
             epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
             epoch_logs["input_wait_fraction"] = meter.epoch_summary()["input_wait_fraction"]
@@ -370,16 +151,10 @@ def fit(
                 break
     finally:
         # Whether fit returns, raises or is interrupted, no pipeline thread outlives it.
-        _close(iterator)
-        _close(carried)
+        feed.close(iterator)
+        feed.close(carried)
     cbs.on_train_end(epoch_logs)
     return model.history
-
-
-def _close(iterator: Any) -> None:
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        close()
 
 
 def _epoch_iterator(
@@ -398,14 +173,6 @@ def _epoch_iterator(
     if steps_per_epoch is None:
         return iterator, None
     return iterator, steps_per_epoch - resume["steps_done"]
-
-
-def _length(data: Any) -> int | None:
-    try:
-        n = len(data)
-    except TypeError:
-        return None
-    return n if n < float("inf") else None
 
 
 def _is_infinite(data: Any) -> bool:
@@ -429,18 +196,25 @@ def _validation_source(validation_data: Any, batch_size: int | None) -> Iterable
 
 
 def _evaluate_logs(model: Model, data: tuple, steps: int | None) -> dict[str, float]:
-    _reset_metrics(model)
+    feed.reset_metrics(model)
     quiet = CallbackList([], model=model)
     batches, source = data
     iterator = iter(batches)
     try:
-        _run_phase(
-            model, "test", iterator, steps, quiet, None, source=source, steps_hint=_length(batches)
+        feed.run_phase(
+            model,
+            "test",
+            iterator,
+            steps,
+            quiet,
+            None,
+            source=source,
+            steps_hint=feed.length(batches),
         )
     finally:
-        _close(iterator)
-    logs = fetch_logs(model)
-    _reset_metrics(model)
+        feed.close(iterator)
+    logs = feed.fetch_logs(model)
+    feed.reset_metrics(model)
     return logs
 
 
@@ -466,21 +240,23 @@ def evaluate(
       `return_dict=True`: `{name: value}`. Otherwise, as Keras: the loss alone when there is
       no metric, else `[loss, *metrics]`.
     """
-    data, source = on_devices(
-        model, host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None), device_data
+    data, source = feed.on_devices(
+        model,
+        feed.host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None),
+        device_data,
     )
     verbose = 1 if verbose == "auto" else verbose
-    cbs = CallbackList(callbacks, model=model, steps=steps or _length(data), verbose=verbose)
-    _reset_metrics(model)
+    cbs = CallbackList(callbacks, model=model, steps=steps or feed.length(data), verbose=verbose)
+    feed.reset_metrics(model)
     cbs.on_test_begin()
     iterator = iter(data)
     try:
-        _run_phase(
-            model, "test", iterator, steps, cbs, None, source=source, steps_hint=_length(data)
+        feed.run_phase(
+            model, "test", iterator, steps, cbs, None, source=source, steps_hint=feed.length(data)
         )
     finally:
-        _close(iterator)
-    logs = fetch_logs(model)
+        feed.close(iterator)
+    logs = feed.fetch_logs(model)
     cbs.on_test_end(logs)
     if return_dict:
         return logs
@@ -499,10 +275,10 @@ def predict(
     device_data: bool | str = "auto",
 ) -> Any:
     """The model's outputs for every example, in order, as NumPy (padded rows dropped)."""
-    data, source = on_devices(
-        model, host_data(x, None, None, batch_size, shuffle=False, seed=None), device_data
+    data, source = feed.on_devices(
+        model, feed.host_data(x, None, None, batch_size, shuffle=False, seed=None), device_data
     )
-    cbs = CallbackList(callbacks, model=model, steps=steps or _length(data))
+    cbs = CallbackList(callbacks, model=model, steps=steps or feed.length(data))
     distributor = BatchDistributor(model.strategy)
     predict_fn = execution.predict_fn(model)
     outputs: list[Any] = []
@@ -519,7 +295,7 @@ def predict(
             outputs.append(jax.tree.map(lambda p, keep=keep: _host(p)[keep], y_pred))
             cbs._call_batch("predict", "end", index, None)
     finally:
-        _close(iterator)
+        feed.close(iterator)
     cbs.on_predict_end()
     if not outputs:
         raise ValueError("predict got no batch: the data is empty")

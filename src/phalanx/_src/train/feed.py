@@ -1,0 +1,251 @@
+"""Feeding the compiled steps: host batches in, bounded calls in flight, logs out.
+
+The device never waits for the host: host batches are made ahead in a thread and put on the
+devices ahead of use (`DevicePrefetcher`); K steps run per compiled call; logs are fetched
+only every K steps when a callback wants them, and at the end of an epoch. On XLA:CPU more
+than ~30 queued calls with a collective deadlock (stack-facts), so at most
+`MAX_IN_FLIGHT` calls are queued.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from phalanx._src.data.adapters import as_batches
+from phalanx._src.data.dataset import Dataset
+from phalanx._src.data.prefetch import DevicePrefetcher
+from phalanx._src.data.wait import InputWaitMeter
+from phalanx._src.strategy.distribute import BatchDistributor
+from phalanx._src.train import device_data, execution
+from phalanx._src.train.callbacks.callback_list import CallbackList
+
+if TYPE_CHECKING:
+    from phalanx._src.train.model import Model
+
+MAX_IN_FLIGHT = 8
+
+
+def host_data(
+    x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: bool, seed: int | None
+) -> Iterable[Any]:
+    """Keras's inputs as an iterable of host batches: arrays (with y, sample_weight) or any
+    source `phalanx.data.as_batches` accepts."""
+    if x is None:
+        raise ValueError("no data: pass x (arrays or a dataset), e.g. model.fit(x_train, y_train)")
+    if y is None and sample_weight is None:
+        data = x
+    else:
+        data = tuple(v for v in (x, y, sample_weight) if v is not None)
+    if shuffle and seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1)[0])
+    batches = as_batches(data, batch_size, shuffle=shuffle, seed=seed)
+    if jax.process_count() > 1 and isinstance(batches, Dataset) and batches.split is None:
+        batches = batches.process_split()  # each process reads only its share of a batch
+    return batches
+
+
+def on_devices(model: Model, data: Iterable[Any], mode: bool | str) -> tuple[Iterable, Any]:
+    """`(what to iterate, on-device source arrays or None)`; see `device_data`."""
+    placed = device_data.prepare(data, model.strategy, mode)
+    return (data, None) if placed is None else (placed.indices, placed.arrays)
+
+
+class Groups:
+    """Groups of up to K host batches, at most `limit` batches in all (None: to the end)."""
+
+    def __init__(self, source: Iterator[Any], k: int, limit: int | None) -> None:
+        self._source = source
+        self._k = k
+        self._left = limit
+        self.checkpointable = bool(getattr(source, "checkpointable", False))
+        self.exhausted = False
+
+    def __iter__(self) -> Groups:
+        return self
+
+    def __next__(self) -> list[Any]:
+        group: list[Any] = []
+        while len(group) < self._k and (self._left is None or self._left > 0):
+            try:
+                group.append(next(self._source))
+            except StopIteration:
+                self.exhausted = True
+                break
+            if self._left is not None:
+                self._left -= 1
+        if not group:
+            raise StopIteration
+        return group
+
+    def get_state(self) -> Any:
+        return self._source.get_state()
+
+
+class Direct:
+    """Device batches made in the calling thread, when no prefetch is asked (`prefetch=0`)."""
+
+    def __init__(self, groups: Groups, put: Any) -> None:
+        self._groups = groups
+        self._put = put
+        self.checkpointable = groups.checkpointable
+
+    def __enter__(self) -> Direct:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __iter__(self) -> Direct:
+        return self
+
+    @staticmethod
+    def ready() -> bool:
+        return False  # every batch is made when it is asked for
+
+    def __next__(self) -> Any:
+        return self._put(next(self._groups))
+
+    def get_state(self) -> Any:
+        return self._groups.get_state()
+
+
+class _InFlight:
+    """Blocks on the oldest call once `MAX_IN_FLIGHT` are queued."""
+
+    def __init__(self) -> None:
+        self._ticks: collections.deque = collections.deque()
+
+    def add(self, tick: jax.Array) -> None:
+        self._ticks.append(tick)
+        if len(self._ticks) > MAX_IN_FLIGHT:
+            self._ticks.popleft().block_until_ready()
+
+    def drain(self) -> None:
+        while self._ticks:
+            self._ticks.popleft().block_until_ready()
+
+
+def next_batch(feed: Any, in_flight: _InFlight, meter: InputWaitMeter | None) -> Any:
+    """The next device batch, timing only what the devices wait for.
+
+    With async dispatch the host often waits for a batch while the devices still run the
+    steps already queued; that is not input wait. So when no batch is ready, the queued work
+    is waited for first (nothing else could be dispatched anyway), and only the time the
+    idle devices then wait for the batch is counted.
+    """
+    if meter is None or feed.ready():
+        return next(feed, None)
+    in_flight.drain()
+    with meter.waiting():
+        return next(feed, None)
+
+
+def reset_metrics(model: Model) -> None:
+    metrics = jax.tree.map(jnp.zeros_like, model._state["metrics"])
+    model._state = {**model._state, "metrics": metrics}
+
+
+def fetch_logs(model: Model) -> dict[str, float]:
+    """The current loss and metric values as Python floats (one device fetch)."""
+    fn = model._compiled_fns.get("logs")
+    if fn is None:
+        graphdef = model.steps.metrics_graphdef
+
+        def compute(metrics: Any) -> list[jax.Array]:
+            return [m.result() for m in nnx.merge(graphdef, metrics)]
+
+        fn = model._compiled_fns["logs"] = jax.jit(compute)
+    values = jax.device_get(fn(model._state["metrics"]))
+    names = [m.name for m in (model.loss_tracker, *model.metrics)]  # Keras's order: loss first
+    return {name: float(np.asarray(v)) for name, v in zip(names, values, strict=True)}
+
+
+def run_phase(
+    model: Model,
+    phase: str,
+    iterator: Iterator[Any],
+    limit: int | None,
+    callbacks: CallbackList,
+    meter: InputWaitMeter | None,
+    on_state: Any = None,
+    prefetch: int = 2,
+    source: Any = None,
+    steps_hint: int | None = None,
+) -> tuple[int, bool, Any]:
+    """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
+
+    Returns:
+      `(steps run, whether the source ran out, the source's position after the last batch
+      run, or None when the source cannot report it)`.
+    """
+    k = model._execution_k(limit or steps_hint)
+    distributor = BatchDistributor(model.strategy)
+    groups = Groups(iterator, k, limit)
+    runner = execution.Runner(model, phase, k, distributor, source)
+    needs_hooks = callbacks.needs_batch_hooks(phase)
+    interval = callbacks.batch_logs_interval(phase)
+    in_flight = _InFlight()
+    steps = 0
+    next_fetch = interval or 0
+    logs: dict[str, float] = {}
+    if prefetch > 0:
+        feed = DevicePrefetcher(
+            groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
+        )
+    else:
+        feed = Direct(groups, runner.put)
+    with feed:
+        while True:
+            if steps > 0:
+                item = next_batch(feed, in_flight, meter)
+            else:
+                item = next(feed, None)
+                if meter is not None:
+                    # The wait for the first batch is the pipeline's start-up (threads,
+                    # workers, the first transfer), not its steady state: the clock starts here.
+                    meter.start_epoch()
+            if item is None:
+                break
+            n = runner.batches_in(item)
+            if needs_hooks:
+                callbacks._call_batch(phase, "begin", steps, None)
+            in_flight.add(runner.execute(item))
+            steps += n
+            if phase == "train":
+                model.train_step_count += n
+            if meter is not None:
+                for _ in range(n):
+                    meter.step_done()
+            if on_state is not None:
+                on_state(steps, feed)
+            if needs_hooks:
+                if interval is not None and steps >= next_fetch:
+                    logs = fetch_logs(model)
+                    next_fetch = steps + interval
+                callbacks._call_batch(phase, "end", steps - 1, dict(logs))
+            if phase == "train" and model.stop_training:
+                break
+        in_flight.drain()
+        position = feed.get_state() if feed.checkpointable else None
+    return steps, groups.exhausted, position
+
+
+def close(iterator: Any) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
+def length(data: Any) -> int | None:
+    try:
+        n = len(data)
+    except TypeError:
+        return None
+    return n if n < float("inf") else None
