@@ -76,6 +76,8 @@ def check_batch(batch: Any) -> tuple[list[np.ndarray], Any, int]:
     if not leaves:
         raise ValueError(f"a batch must hold at least one array; got {batch!r}")
     arrays = [np.asarray(leaf) if not isinstance(leaf, jax.Array) else leaf for leaf in leaves]
+    if all(a.ndim > 0 for a in arrays) and len({a.shape[0] for a in arrays}) == 1:
+        return arrays, treedef, arrays[0].shape[0]  # the per-batch path: no key formatting
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(batch)[0]]
     for path, array in zip(paths, arrays, strict=True):
         if array.ndim == 0:
@@ -85,12 +87,10 @@ def check_batch(batch: Any) -> tuple[list[np.ndarray], Any, int]:
                 "distributing it"
             )
     rows = {path: array.shape[0] for path, array in zip(paths, arrays, strict=True)}
-    if len(set(rows.values())) > 1:
-        raise ValueError(
-            f"batch leaves disagree on the batch dimension: {rows}; every leaf must have the "
-            "same number of rows"
-        )
-    return arrays, treedef, arrays[0].shape[0]
+    raise ValueError(
+        f"batch leaves disagree on the batch dimension: {rows}; every leaf must have the "
+        "same number of rows"
+    )
 
 
 def _pad(array: Any, index: np.ndarray | None, slots: int) -> Any:

@@ -32,13 +32,9 @@ def _reduce_stacked(stacked: jax.Array, mask: jax.Array | None, op: ReduceOp, ax
         valid = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
         valid = jnp.broadcast_to(valid, x.shape)
     if op in (ReduceOp.MAX, ReduceOp.MIN):
-        fill = (
-            jnp.finfo(x.dtype).min
-            if jnp.issubdtype(x.dtype, jnp.floating)
-            else jnp.iinfo(x.dtype).min
-        )
-        if op is ReduceOp.MIN:
-            fill = -fill if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max
+        # Padded rows take the value that can never win.
+        limits = jnp.finfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype)
+        fill = limits.min if op is ReduceOp.MAX else limits.max
         if valid is not None:
             x = jnp.where(valid, x, fill)
         axes = (0,) if axis is None else (0, axis + 1)

@@ -136,7 +136,7 @@ def fit(
                 feed.close(iterator)
             elapsed = time.perf_counter() - t0
             epoch_logs = feed.fetch_logs(model)
-            examples = float(steps * _global_batch(model, data))
+            examples = float(steps * _global_batch(data))
             epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
             epoch_logs["input_wait_fraction"] = meter.epoch_summary()["input_wait_fraction"]
             if val_data is not None and (epoch + 1) % validation_freq == 0:
@@ -182,7 +182,7 @@ def _is_infinite(data: Any) -> bool:
     return cardinality == float("inf")
 
 
-def _global_batch(model: Model, data: Any) -> int:
+def _global_batch(data: Any) -> int:
     batch = getattr(data, "batch_size", None)
     return int(batch) if isinstance(batch, int) else 0
 

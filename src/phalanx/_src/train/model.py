@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -113,22 +112,17 @@ class Model:
         self.policy = precision_lib.get(precision)
         self.loss = losses_lib.get(loss)
         inner = optimizers_lib.get(optimizer)
-        tx = accumulate_gradients(inner, accumulation)
-        if self.policy.loss_scaling:
-            tx = precision_lib.loss_scale_optimizer(tx)
+        tx = self.policy.wrap_optimizer(accumulate_gradients(inner, accumulation))
         self.optimizer = tx
         self.steps_per_execution = steps_per_execution
         self.gradient_accumulation_steps = accumulation
         self.loss_tracker = Mean(name="loss")
-        self.metrics = [self._resolve_metric(m) for m in (metrics or [])]
+        self.metrics = [metrics_registry.get(m, loss=self.loss) for m in (metrics or [])]
         names = [m.name for m in [self.loss_tracker, *self.metrics]]
         if len(set(names)) != len(names):
             raise ValueError(f"metric names must be unique, got {names}; pass name=... to one")
         self._build_state()
         self.compiled = True
-
-    def _resolve_metric(self, metric: Any) -> Any:
-        return metrics_registry.get(metric, loss=self.loss)
 
     def _build_state(self) -> None:
         module = self._module
@@ -140,12 +134,7 @@ class Model:
         eval_graphdef = nnx.graphdef(module)
         if hasattr(module, "train"):
             module.train()
-        params = jax.tree.map(
-            lambda p: (
-                p.astype(self.policy.param_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p
-            ),
-            params,
-        )
+        params = self.policy.cast_to_param(params)
         metrics_graphdef, metrics_state = nnx.split([self.loss_tracker, *self.metrics])
         self.steps = Steps(
             train_graphdef=train_graphdef,
@@ -154,7 +143,6 @@ class Model:
             loss=self.loss,
             tx=self.optimizer,
             policy=self.policy,
-            scale_loss=precision_lib.scale_loss,
         )
         state = {
             "params": params,

@@ -19,6 +19,8 @@ import optax
 from flax import nnx
 from jax import lax
 
+from phalanx._src.train import precision
+
 
 def unpack(batch: Any) -> tuple[Any, Any, Any]:
     """Keras's convention: `(x,)`, `(x, y)`, `(x, y, sample_weight)`, or a bare `x`."""
@@ -64,7 +66,6 @@ class Steps:
     loss: Callable[[Any, Any], jax.Array]
     tx: optax.GradientTransformationExtraArgs
     policy: Any
-    scale_loss: Callable[[jax.Array, Any], jax.Array]
 
     def forward(self, graphdef: Any, params: Any, rest: Any, x: Any) -> tuple[Any, Any]:
         module = nnx.merge(graphdef, self.policy.cast_to_compute(params), rest)
@@ -102,7 +103,7 @@ class Steps:
             # range) and rescaled to the real count below: the count's all-reduce then does
             # not have to finish before the backward pass starts.
             loss = jnp.sum(per_example * sw * mask) / rows
-            return self.scale_loss(loss, state["opt"]), (per_example, y_pred, rest)
+            return precision.scale_loss(loss, state["opt"]), (per_example, y_pred, rest)
 
         def step(state: dict) -> dict:
             grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
