@@ -108,6 +108,11 @@ class BatchDistributor:
     The first batch fixes the compiled rows per replica (`ceil(rows / local replicas)`, the
     largest over the processes, or the declared global batch size); later batches may be
     smaller (they are padded and masked) but not larger.
+
+    A partial batch is spread over the replicas as tf.distribute spreads it (each replica
+    gets ceil(rows / replicas) rows, in order), which is what `strategy.run` shows each
+    replica. With `pad_at_end=True` (the global-view steps of fit / evaluate / predict) the
+    real rows come first and the padding after them, whatever the replica count.
     """
 
     def __init__(
@@ -116,8 +121,13 @@ class BatchDistributor:
         *,
         global_batch_size: int | None = None,
         drop_remainder: bool = False,
+        pad_at_end: bool = False,
     ) -> None:
         self.strategy = strategy
+        # fit/evaluate/predict see the global batch, never a replica's share: with the real
+        # rows first, every row sits where one device would put it, whatever the replica
+        # count, so per-row randomness (dropout masks) is the one-device randomness.
+        self.pad_at_end = pad_at_end
         self.per_replica: int | None = None
         self._full_mask: jax.Array | None = None  # reused: most batches are full
         if global_batch_size is not None:
@@ -141,7 +151,10 @@ class BatchDistributor:
         slots = local * self.per_replica
         if rows == slots:
             return leaves, np.ones(slots, dtype=bool), treedef
-        index, mask = layout.padded_index(rows, local, self.per_replica)
+        if self.pad_at_end:
+            index, mask = layout.padded_index(rows, 1, slots)
+        else:
+            index, mask = layout.padded_index(rows, local, self.per_replica)
         return [_pad(leaf, index, slots) for leaf in leaves], mask, treedef
 
     def _agree(self, per_replica: int) -> int:

@@ -186,7 +186,7 @@ def run_phase(
       run, or None when the source cannot report it)`.
     """
     k = model._execution_k(limit or steps_hint)
-    distributor = BatchDistributor(model.strategy)
+    distributor = BatchDistributor(model.strategy, pad_at_end=True)
     groups = Groups(iterator, k, limit)
     runner = execution.Runner(model, phase, k, distributor, source)
     needs_hooks = callbacks.needs_batch_hooks(phase)

@@ -279,7 +279,7 @@ def predict(
         model, feed.host_data(x, None, None, batch_size, shuffle=False, seed=None), device_data
     )
     cbs = CallbackList(callbacks, model=model, steps=steps or feed.length(data))
-    distributor = BatchDistributor(model.strategy)
+    distributor = BatchDistributor(model.strategy, pad_at_end=True)
     predict_fn = execution.predict_fn(model)
     outputs: list[Any] = []
     cbs.on_predict_begin()

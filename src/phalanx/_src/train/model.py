@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 import optax
 from flax import nnx
@@ -15,6 +14,7 @@ from phalanx._src.train import losses as losses_lib
 from phalanx._src.train import optimizers as optimizers_lib
 from phalanx._src.train import precision as precision_lib
 from phalanx._src.train.accumulation import accumulate_gradients
+from phalanx._src.train.adapters import adapt
 from phalanx._src.train.metrics import registry as metrics_registry
 from phalanx._src.train.metrics.mean import Mean
 from phalanx._src.train.step import Steps
@@ -27,7 +27,11 @@ def _check_steps(value: Any, name: str) -> int:
 
 
 class Model:
-    """A Flax NNX module with Keras's training API, data-parallel over a strategy.
+    """A model with Keras's training API, data-parallel over a strategy.
+
+    The model is a Flax NNX module (BatchNorm, Dropout and any other stateful layer
+    included) or, with the `keras` extra, a Keras 3 model on the JAX backend; each framework
+    plugs in through a model adapter (`phalanx._src.train.adapters`).
 
     Build it inside `strategy.scope()` (or pass `strategy=`) and it trains on every replica
     of that strategy; otherwise on the default one-device strategy. `fit`, `evaluate` and
@@ -35,7 +39,7 @@ class Model:
     number of replicas, and see every example exactly once.
 
     Args:
-      module: a Flax NNX module mapping a batch of inputs to predictions.
+      module: a Flax NNX module (or Keras 3 model) mapping a batch of inputs to predictions.
       strategy: the strategy to train on; default: `phalanx.get_strategy()` at construction.
 
     Example:
@@ -49,14 +53,9 @@ class Model:
       {'loss': 0.08, 'accuracy': 0.975}
     """
 
-    def __init__(self, module: nnx.Module, *, strategy: Strategy | None = None) -> None:
-        if not nnx.graph.is_graph_node(module):
-            raise TypeError(
-                f"phalanx.Model wraps a Flax NNX module, got {type(module).__name__}; define "
-                "the network as an nnx.Module (e.g. class MLP(nnx.Module): ...)"
-            )
+    def __init__(self, module: Any, *, strategy: Strategy | None = None) -> None:
+        self.adapter = adapt(module)
         self.strategy = strategy if strategy is not None else get_strategy()
-        self._module = self.strategy.replicate(module)
         self.stop_training = False
         self.train_step_count = 0  # batches trained on by fit, over all calls
         self.history: Any = None
@@ -125,24 +124,17 @@ class Model:
         self.compiled = True
 
     def _build_state(self) -> None:
-        module = self._module
-        if hasattr(module, "train"):
-            module.train()
-        train_graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-        if hasattr(module, "eval"):
-            module.eval()
-        eval_graphdef = nnx.graphdef(module)
-        if hasattr(module, "train"):
-            module.train()
+        if self._state is not None:  # compiled again: keep the trained values, as Keras does
+            self.adapter.assign(self._state["params"], self._state["rest"])
+        self.adapter.set_policy(self.policy)
+        params, rest = self.adapter.variables()
         params = self.policy.cast_to_param(params)
         metrics_graphdef, metrics_state = nnx.split([self.loss_tracker, *self.metrics])
         self.steps = Steps(
-            train_graphdef=train_graphdef,
-            eval_graphdef=eval_graphdef,
+            adapter=self.adapter,
             metrics_graphdef=metrics_graphdef,
             loss=self.loss,
             tx=self.optimizer,
-            policy=self.policy,
         )
         state = {
             "params": params,
@@ -162,43 +154,28 @@ class Model:
             )
 
     @property
-    def module(self) -> nnx.Module:
-        """The wrapped NNX module, holding the latest trained values."""
+    def module(self) -> Any:
+        """The wrapped NNX module (or Keras model), holding the latest trained values."""
         if self._state is not None:
-            nnx.update(self._module, self._state["params"], self._state["rest"])
-        return self._module
+            self.adapter.assign(self._state["params"], self._state["rest"])
+        return self.adapter.model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
     def get_weights(self) -> list[np.ndarray]:
-        """Every module variable as a host NumPy array (a snapshot, as Keras returns)."""
-        return [np.array(x) for x in jax.tree.leaves(nnx.state(self.module))]
+        """Every model variable as a host NumPy array (a snapshot, as Keras returns), in the
+        framework's own order."""
+        if self._state is None:
+            return self.adapter.get_weights(*self.adapter.variables())
+        return self.adapter.get_weights(self._state["params"], self._state["rest"])
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Restores variables from `get_weights()`'s list (same order and shapes)."""
-        state = nnx.state(self.module)
-        leaves, treedef = jax.tree.flatten(state)
-        if len(weights) != len(leaves):
-            raise ValueError(
-                f"set_weights got {len(weights)} arrays but the model has {len(leaves)} "
-                "variables; pass the list model.get_weights() returned"
-            )
-        for old, new in zip(leaves, weights, strict=True):
-            if np.shape(old) != np.shape(new):
-                raise ValueError(
-                    f"set_weights: shape {np.shape(new)} where the model has {np.shape(old)}"
-                )
-        new_state = jax.tree.unflatten(
-            treedef,
-            [
-                np.asarray(w, dtype=np.asarray(o).dtype)
-                for w, o in zip(weights, leaves, strict=True)
-            ],
-        )
-        nnx.update(self._module, self.strategy.replicate(new_state))
+        self.module  # noqa: B018 -- the user's object first holds the current values
+        params, rest = self.adapter.set_weights(weights)
         if self._state is not None:
-            _, params, rest = nnx.split(self._module, nnx.Param, ...)
+            params = self.policy.cast_to_param(params)
             self._state = {
                 **self._state,
                 **self.strategy.replicate({"params": params, "rest": rest}),

@@ -1,10 +1,15 @@
 """The compiled steps: pure functions of explicit state, one per phase (train, test, predict).
 
-State is a dict pytree: `params` (the module's `nnx.Param`s, float32), `rest` (its other
-variables: batch statistics, RNG counters), `opt` (optimizer state, including the gradient
+State is a dict pytree: `params` (the model's trainable variables, float32), `rest` (its other
+variables: batch statistics, RNG state, counters), `opt` (optimizer state, including the gradient
 accumulator and the loss scale), `metrics` (the metric objects' sums). A step is
 `state, batch, mask -> state`; `mask` marks the real rows of a padded batch. A batch with no
 real row (the filler of a short `steps_per_execution` group) leaves the state untouched.
+
+The steps see the model only through its adapter (`adapters.protocol.ModelAdapter`): the
+train step runs it in training mode and carries its updated `rest` (new batch statistics,
+advanced RNG counters); evaluate and predict run it in inference mode and leave `rest` as
+it is.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from flax import nnx
 from jax import lax
 
 from phalanx._src.train import precision
+from phalanx._src.train.adapters.protocol import ModelAdapter
 
 
 def unpack(batch: Any) -> tuple[Any, Any, Any]:
@@ -53,24 +59,16 @@ class Steps:
     """Pure step functions for one compiled model; see the module docstring.
 
     Attributes:
-      train_graphdef / eval_graphdef: the module's structure in training and inference mode.
+      adapter: the model, as pure functions of `(params, rest)`.
       metrics_graphdef: the structure of `[loss tracker, *metrics]`.
       loss: per-example loss `(y_true, y_pred) -> (batch,)` float32.
       tx: the full optimizer (loss scaling > accumulation > clipping > optimizer).
-      policy: the precision policy (casts for the forward pass).
     """
 
-    train_graphdef: Any
-    eval_graphdef: Any
+    adapter: ModelAdapter
     metrics_graphdef: Any
     loss: Callable[[Any, Any], jax.Array]
     tx: optax.GradientTransformationExtraArgs
-    policy: Any
-
-    def forward(self, graphdef: Any, params: Any, rest: Any, x: Any) -> tuple[Any, Any]:
-        module = nnx.merge(graphdef, self.policy.cast_to_compute(params), rest)
-        y_pred = module(self.policy.cast_to_compute(x))
-        return y_pred, nnx.state(module, nnx.Not(nnx.Param))
 
     def _update_metrics(self, metrics: Any, y: Any, y_pred: Any, per_example, sw, mask):
         """Keras's bookkeeping: the loss tracker averages `loss * sample_weight` over real
@@ -97,7 +95,7 @@ class Steps:
         rows = mask.shape[0]
 
         def loss_fn(params):
-            y_pred, rest = self.forward(self.train_graphdef, params, state["rest"], x)
+            y_pred, rest = self.adapter.apply(params, state["rest"], x, training=True, mask=mask)
             per_example = self.loss(y, y_pred)
             # Differentiated over the static row count (so float16 loss scaling stays in
             # range) and rescaled to the real count below: the count's all-reduce then does
@@ -130,7 +128,7 @@ class Steps:
         x, y, sample_weight = unpack(batch)
         mask = mask.astype(jnp.float32)
         sw = _row_weights(mask.shape[0], sample_weight)
-        y_pred, _ = self.forward(self.eval_graphdef, state["params"], state["rest"], x)
+        y_pred, _ = self.adapter.apply(state["params"], state["rest"], x, training=False, mask=mask)
         per_example = None if y is None else self.loss(y, y_pred)
         metrics = self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask)
         return {**state, "metrics": metrics}
@@ -138,7 +136,10 @@ class Steps:
     def predict(self, state: dict, batch: Any) -> Any:
         """The model's outputs for one global batch, in inference mode, as float32."""
         x, _, _ = unpack(batch)
-        y_pred, _ = self.forward(self.eval_graphdef, state["params"], state["rest"], x)
+        rows = jax.tree.leaves(x)[0].shape[0]
+        y_pred, _ = self.adapter.apply(
+            state["params"], state["rest"], x, training=False, mask=jnp.ones((rows,), jnp.float32)
+        )
         return jax.tree.map(lambda p: p.astype(jnp.float32), y_pred)
 
 

@@ -1,0 +1,24 @@
+"""Model adapters: one per framework, chosen by `adapt`; see `protocol.ModelAdapter`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx._src.train.adapters.nnx_adapter import NNXAdapter
+from phalanx._src.train.adapters.protocol import ModelAdapter
+
+# Tried in order; the first whose `accepts` says yes wraps the model. A new framework adds
+# its adapter class here and nothing else changes.
+ADAPTERS: tuple[type, ...] = (NNXAdapter,)
+
+
+def adapt(model: Any) -> ModelAdapter:
+    """The adapter for `model`, or TypeError listing what phalanx accepts."""
+    for adapter in ADAPTERS:
+        if adapter.accepts(model):
+            return adapter(model)
+    raise TypeError(
+        f"phalanx.Model cannot train a {type(model).__module__}.{type(model).__name__}; it "
+        "accepts a Flax NNX module (class Net(nnx.Module): ...) or a Keras 3 model on the JAX "
+        "backend (KERAS_BACKEND=jax)"
+    )
