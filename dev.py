@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Set up and run phalanx from a fresh checkout with nothing but Python 3.11+.
 
-    python3 dev.py train [ARGS...]   # the main job: `phalanx train` (MNIST, resolved strategy)
-    python3 dev.py test  [PYTEST...] # ruff, then the test suite at 8 and at 3 fake CPU devices
+    python3 dev.py train [ARGS...]   # the main job: `phalanx train` (MNIST, else the digits)
+    python3 dev.py test  [PYTEST...] # ruff, the docs (strict), the tests at 8 and 3 CPU devices
+    python3 dev.py docs  [ARGS...]   # build the documentation site into build/site
     python3 dev.py run CMD [ARGS...] # any command inside the project's environment
 
 Each command creates `.venv` beside this file on first use and installs the project into it
@@ -25,6 +26,8 @@ PY = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".phalanx-installed"
 # pytest exits 5 when it collected nothing; a filtered run that selects nothing is not a failure.
 PYTEST_NO_TESTS = 5
+# The project's offline data (mnist.npz), shared by the checkouts beside this one.
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def _call(*cmd: str | os.PathLike, env: dict | None = None) -> int:
@@ -32,10 +35,15 @@ def _call(*cmd: str | os.PathLike, env: dict | None = None) -> int:
     return subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
 
 
-def ensure_env(extras: str) -> None:
-    """Create the virtual environment and install the project with `extras` when needed."""
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == wanted:
+def _stamp(extras: str) -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+
+
+def ensure_env(extras: str, satisfied_by: tuple[str, ...] = ()) -> None:
+    """Create the virtual environment and install the project with `extras` when needed
+    (an environment installed with one of `satisfied_by`, a superset, also does)."""
+    wanted = _stamp(extras)
+    if STAMP.exists() and STAMP.read_text() in {wanted, *map(_stamp, satisfied_by)}:
         return
     if not PY.exists():
         print(f"creating {VENV}", flush=True)
@@ -47,11 +55,19 @@ def ensure_env(extras: str) -> None:
     STAMP.write_text(wanted)
 
 
+def build_docs(mkdocs_args: list[str], strict: bool = False) -> int:
+    """Builds the documentation site (mkdocs.yml) into build/site; strict: warnings fail."""
+    return _call(PY, "-m", "mkdocs", "build", *(["--strict"] if strict else []), *mkdocs_args)
+
+
 def run_tests(pytest_args: list[str]) -> int:
     ensure_env("test")
     for check in (("check", "."), ("format", "--check", ".")):
         if _call(PY, "-m", "ruff", *check) != 0:
             return 1
+    # A broken reference or docstring in the API reference fails the build, and so CI.
+    if build_docs(["--quiet"], strict=True) != 0:
+        return 1
     env = dict(os.environ)
     env.pop("PHALANX_TEST_DEVICES", None)
     rc = _call(PY, "-m", "pytest", "-q", *pytest_args, env=env)
@@ -73,12 +89,18 @@ def main(argv: list[str]) -> int:
     if command == "test":
         return run_tests(rest)
     if command == "train":
-        ensure_env("")
-        return _call(BIN / "phalanx", "train", *rest)
+        ensure_env("plot", satisfied_by=("test",))  # matplotlib, for the run's curves.png
+        env = dict(os.environ)
+        if "PHALANX_DATA_DIR" not in env and SHARED_DATA.is_dir():
+            env["PHALANX_DATA_DIR"] = str(SHARED_DATA)  # as the tests do
+        return _call(BIN / "phalanx", "train", *rest, env=env)
+    if command == "docs":
+        ensure_env("test")  # the test extra includes the docs extra: one environment
+        return build_docs(rest)
     if command == "run":
         ensure_env("test")
         return _call(BIN / rest[0], *rest[1:]) if rest else 0
-    print(f"unknown command {command!r}; use one of: train, test, run", file=sys.stderr)
+    print(f"unknown command {command!r}; use one of: train, test, docs, run", file=sys.stderr)
     return 2
 
 

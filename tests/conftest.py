@@ -21,6 +21,9 @@ os.environ["XLA_FLAGS"] = " ".join(
     ]
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests write only under tmp dirs: no persistent compilation cache (phalanx turns it on in
+# ~/.cache by default); subprocesses the tests start inherit this.
+os.environ["PHALANX_COMPILATION_CACHE"] = "0"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

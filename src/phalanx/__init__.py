@@ -19,6 +19,12 @@ from phalanx import losses as losses
 from phalanx import metrics as metrics
 from phalanx import mixed_precision as mixed_precision
 from phalanx import optimizers as optimizers
+from phalanx import tune as tune
+from phalanx._src import compilation_cache as _compilation_cache
+from phalanx._src.compilation_cache import set_compilation_cache as set_compilation_cache
+from phalanx._src.strategy.aggregation import (
+    register_variable_aggregation as register_variable_aggregation,
+)
 from phalanx._src.strategy.distribute import InputContext as InputContext
 from phalanx._src.strategy.loss import compute_average_loss as compute_average_loss
 from phalanx._src.strategy.loss import scale_regularization_loss as scale_regularization_loss
@@ -34,6 +40,8 @@ from phalanx._src.train.model import Model as Model
 
 __version__ = "0.1.0"
 
+_compilation_cache.configure_from_environment()  # on by default: fast restarts
+
 __all__ = [
     "InputContext",
     "Model",
@@ -46,5 +54,7 @@ __all__ = [
     "get_replica_context",
     "get_strategy",
     "has_strategy",
+    "register_variable_aggregation",
     "scale_regularization_loss",
+    "set_compilation_cache",
 ]

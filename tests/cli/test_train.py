@@ -50,9 +50,46 @@ def test_train_reaches_keras_accuracy_on_8_devices(mnist_path, tmp_path):
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()] == ["5"]
 
 
-def test_train_without_data_is_one_clear_error(tmp_path):
+# Makes every socket connection fail in the child process, as on a machine without network.
+NO_NETWORK = """
+import socket
+
+def _no_network(*args, **kwargs):
+    raise OSError("network blocked by the test")
+
+socket.socket.connect = socket.socket.connect_ex = _no_network
+socket.create_connection = socket.getaddrinfo = _no_network
+"""
+
+
+def test_offline_without_mnist_trains_on_the_embedded_digits(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(NO_NETWORK)
     done = _run(
-        ["--epochs", "1", "--data-dir", str(tmp_path)],
+        ["--json", "--logdir", str(tmp_path / "runs")],
+        env_extra={
+            "PYTHONPATH": str(tmp_path / "site"),
+            "PHALANX_DATA_DIR": str(tmp_path / "nothing"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "PHALANX_MNIST_URL": "https://storage.googleapis.com/never-reached/mnist.npz",
+        },
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "network blocked by the test" not in done.stdout  # one plain line, not the error
+    assert "training on the 1,797 8x8 UCI digits" in done.stdout.splitlines()[0]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["data"] == "digits" and report["test_accuracy"] >= 0.9
+    assert report["model_tflops_per_second"] > 0
+    curves = report["curves"]
+    assert curves.endswith("curves.png") and f"training curves: {curves}" in done.stdout
+    with open(curves, "rb") as png:
+        assert png.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.exists(os.path.join(report["run_dir"], "history.csv"))
+
+
+def test_asking_for_mnist_without_it_is_one_clear_error(tmp_path):
+    done = _run(
+        ["--data", "mnist", "--data-dir", str(tmp_path)],
         env_extra={
             "PHALANX_DATA_DIR": str(tmp_path),
             "XDG_CACHE_HOME": str(tmp_path),
@@ -69,3 +106,21 @@ def test_bad_options_fail_before_any_work(tmp_path):
     done = _run(["--steps-per-execution", "0", "--data-dir", str(tmp_path)], timeout=60)
     assert done.returncode != 0
     assert "--steps-per-execution must be a positive int" in done.stderr
+
+
+def test_find_batch_size_picks_the_per_replica_batch(tmp_path):
+    done = _run(
+        [
+            *("--data", "digits", "--find-batch-size", "--epochs", "1", "--cpu-devices", "2"),
+            *("--json", "--logdir", str(tmp_path)),
+        ],
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finder = next(line for line in done.stdout.splitlines() if "batch size finder" in line)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # Nothing larger than each replica's share of the 1,438 training images is tried; on a
+    # CPU the answer is a multiple of 8: 719 -> 712 per replica.
+    assert finder.startswith("batch size finder: 712 per replica (1424 global)")
+    assert "linear-scaling learning rate" in finder
+    assert report["global_batch"] == 1424 and report["replicas"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx._src.cluster.distributed import DistributedSettings, plan_distributed
+from phalanx._src.cluster.watchdog import JAX_BACKSTOP_SECONDS
 
 LAUNCHED = {
     "PHALANX_COORDINATOR_ADDRESS": "127.0.0.1:4321",
@@ -28,13 +29,14 @@ def test_arguments_give_settings_with_production_timeouts():
     s = plan_distributed(
         coordinator_address="10.0.0.1:99", num_processes=4, process_id=3, environ={}
     )
-    assert s == DistributedSettings("10.0.0.1:99", 4, 3, "arguments", 300, 100, 300)
+    assert s == DistributedSettings("10.0.0.1:99", 4, 3, "arguments", 60, 20, 300)
+    # JAX's own timeouts come later than phalanx's watchdog, so phalanx explains first.
     assert s.initialize_kwargs() == {
         "coordinator_address": "10.0.0.1:99",
         "num_processes": 4,
         "process_id": 3,
-        "initialization_timeout": 300,
-        "heartbeat_timeout_seconds": 100,
+        "initialization_timeout": 60 + JAX_BACKSTOP_SECONDS,
+        "heartbeat_timeout_seconds": 20 + JAX_BACKSTOP_SECONDS,
         "shutdown_timeout_seconds": 300,
     }
 

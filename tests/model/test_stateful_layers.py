@@ -59,9 +59,7 @@ def test_batchnorm_statistics_ignore_the_padding_of_a_partial_batch():
     fresh.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     h = x @ kernel + bias
     np.testing.assert_allclose(fresh.module.bn.mean[...], 0.5 * h.mean(0), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(
-        fresh.module.bn.var[...], 0.5 + 0.5 * h.var(0), rtol=1e-4, atol=1e-5
-    )
+    np.testing.assert_allclose(fresh.module.bn.var[...], 0.5 + 0.5 * h.var(0), rtol=1e-4, atol=1e-5)
 
 
 def test_replicas_draw_the_one_device_dropout_masks_and_batch_statistics():

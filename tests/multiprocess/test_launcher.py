@@ -96,6 +96,7 @@ def test_a_failing_process_kills_the_others_at_once(tmp_path):
     assert result.processes[0].killed and not result.processes[1].killed
     assert not result.timed_out and not result.ok
     message = str(caught.value)
+    assert message.startswith("phalanx: process 1 of 2 stopped (exit 3); the launcher stopped")
     assert "process(es) [1] failed" in message
     assert "process 0: SIGKILLed by the launcher" in message and "hello from 0" in message
     assert "process 1: exit 3" in message and "hello from 1" in message

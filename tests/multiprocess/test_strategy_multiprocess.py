@@ -290,3 +290,18 @@ def _default_device_data_body() -> None:
 
 def test_fit_with_default_device_data_on_two_processes():
     run_multiprocess(_default_device_data_body)
+
+
+@pytest.mark.slow
+def test_fit_on_four_processes_of_two_devices_equals_eight_devices(tmp_path):
+    # The 4 x 2 pod shape against one process with 8 devices: same history, weights, outputs.
+    reference = _fit_history(phalanx.Strategy(devices=jax.devices()[:8]), device_data=False)
+    path = tmp_path / "reference.json"
+    path.write_text(json.dumps(reference))
+    run_multiprocess(
+        _fit_body,
+        num_processes=4,
+        cpu_devices=2,
+        timeout=180,
+        kwargs={"reference": str(path), "device_data": True},
+    )

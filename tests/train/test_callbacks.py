@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import os
+import re
 import struct
 
 import jax
@@ -294,14 +295,33 @@ def test_progbar_live_bar_on_a_terminal():
     terminal = FakeTerminal()
     bar = callbacks.ProgbarLogger(stream=terminal)
     cbl = callbacks.CallbackList([bar], epochs=1, steps=4, verbose=1)
-    assert cbl.needs_batch_hooks("train") and cbl.batch_logs_interval("train") is None
+    # Fresh values about 50 times an epoch (here every batch); plain lines never ask.
+    assert cbl.needs_batch_hooks("train") and cbl.batch_logs_interval("train") == 1
     cbl.on_epoch_begin(0)
     cbl.on_train_batch_end(0, {"loss": 1.5})
     cbl.on_train_batch_end(1, {})  # no fresh logs: the bar keeps the last ones
     cbl.on_epoch_end(0, {"loss": 1.0, "val_loss": 2.0})
     text = terminal.getvalue()
-    assert text.startswith("Epoch 1/1\n")
-    assert "\r1/4 [=======>......................]" in text
-    assert "\r2/4 [===============>..............]" in text and text.count("loss: 1.5000") == 2
-    assert text.rstrip("\n").split("\r")[-1].startswith("4/4 [==============================]")
+    # The live bar is rich's: redrawn in place (\r and ANSI codes), steps as "n/4".
+    frames = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f) for f in text.split("\r")]
+    assert any(f.startswith("Epoch 1/1 ") and " 1/4 " in f for f in frames)
+    assert any(" 2/4 " in f and f.rstrip().endswith("loss: 1.5000") for f in frames)
+    assert sum("loss: 1.5000" in f for f in frames) == 2
+    # When the epoch ends, the bar gives way to one plain summary line.
+    assert frames[-1].startswith("Epoch 1/1 4/4 - ")
     assert text.endswith("loss: 1.0000 - val_loss: 2.0000\n")
+
+
+def test_progbar_plain_lines_have_no_control_characters():
+    for verbose, stream in ((2, FakeTerminal()), (1, io.StringIO())):
+        cbl = callbacks.CallbackList(
+            [callbacks.ProgbarLogger(stream=stream)], epochs=1, steps=2, verbose=verbose
+        )
+        cbl.on_train_begin()
+        cbl.on_epoch_begin(0)
+        cbl.on_train_batch_end(0, {"loss": 1.5})
+        cbl.on_epoch_end(0, {"loss": 1.0, "model_tflops_per_second": 0.0123, "mfu": 0.41})
+        cbl.on_train_end()
+        line = stream.getvalue()
+        assert line.count("\n") == 1 and not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", line)
+        assert line.endswith("loss: 1.0000 - 0.0123 TFLOP/s - MFU 41.0%\n")

@@ -125,6 +125,15 @@ class LaunchResult:
         parts = [
             f"launch of {len(self.processes)} processes: {head} ({self.elapsed_seconds:.1f} s)"
         ]
+        if not self.ok and not self.timed_out:
+            first = next(p for p in self.processes if p.returncode != 0 and not p.killed)
+            parts.insert(
+                0,
+                f"phalanx: process {first.process_id} of {len(self.processes)} stopped "
+                f"({first.status()}); the launcher stopped the others; fix its error below and "
+                "restart the job (a fit with phalanx.callbacks.BackupAndRestore resumes from "
+                "its last backup)",
+            )
         for p in self.processes:
             parts.append(
                 f"----- process {p.process_id}: {p.status()}; "

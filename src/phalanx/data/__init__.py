@@ -13,6 +13,7 @@ from phalanx._src.data.adapters import BatchIterator as BatchIterator
 from phalanx._src.data.adapters import as_batches as as_batches
 from phalanx._src.data.dataset import AUTOTUNE as AUTOTUNE
 from phalanx._src.data.dataset import Dataset as Dataset
+from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY as UNKNOWN_CARDINALITY
 from phalanx._src.data.iterator import DatasetIterator as DatasetIterator
 from phalanx._src.data.prefetch import DevicePrefetcher as DevicePrefetcher
 from phalanx._src.data.wait import InputBoundWarning as InputBoundWarning
@@ -27,5 +28,6 @@ __all__ = [
     "DevicePrefetcher",
     "InputBoundWarning",
     "InputWaitMeter",
+    "UNKNOWN_CARDINALITY",
     "as_batches",
 ]

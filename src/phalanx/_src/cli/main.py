@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 # The subcommands, in the order `phalanx --help` lists them; add a name here and a module
 # beside this one to add a subcommand.
-SUBCOMMANDS = ("train", "doctor", "launch")
+SUBCOMMANDS = ("train", "report", "doctor", "launch")
 
 
 def build_parser() -> argparse.ArgumentParser:

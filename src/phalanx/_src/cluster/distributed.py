@@ -2,8 +2,11 @@
 
 `plan_distributed` turns the arguments of `resolve()`, the PHALANX_* variables and any
 detected cluster environment into `DistributedSettings`, or None for a single process.
-Production defaults are JAX's (a dead peer is noticed after 100 s); `phalanx launch` and the
-tests set small timeouts through the variables below so failures surface in seconds.
+The start-up and heartbeat timeouts are phalanx's own (see `watchdog`): a missing peer is
+reported after 60 s and a dead one after 20 s by default, well above a busy host's jitter
+(heartbeats come from a background thread, about once a second). JAX gets the same timeouts
+plus `JAX_BACKSTOP_SECONDS`, so phalanx always speaks first. `phalanx launch` and the tests
+set smaller values through the variables below.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ from collections.abc import Mapping
 from phalanx._src.cluster.detection import detect_cluster
 from phalanx._src.cluster.env_values import check_int, read_int
 from phalanx._src.cluster.phalanx_env import ALL_VARIABLES
+from phalanx._src.cluster.watchdog import JAX_BACKSTOP_SECONDS
 
 INIT_TIMEOUT_ENV = "PHALANX_INIT_TIMEOUT"
 HEARTBEAT_TIMEOUT_ENV = "PHALANX_HEARTBEAT_TIMEOUT"
 SHUTDOWN_TIMEOUT_ENV = "PHALANX_SHUTDOWN_TIMEOUT"
 
-# jax.distributed's own defaults: patient enough for slow pods and long compilations.
-DEFAULT_INIT_TIMEOUT = 300
-DEFAULT_HEARTBEAT_TIMEOUT = 100
+# Start-up: long enough for a scheduler to start every process; a dead peer: survivors exit
+# within 30 s (the heartbeat thread never waits for compilation or a step). Shutdown keeps
+# JAX's default.
+DEFAULT_INIT_TIMEOUT = 60
+DEFAULT_HEARTBEAT_TIMEOUT = 20
 DEFAULT_SHUTDOWN_TIMEOUT = 300
 
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -39,9 +45,10 @@ class DistributedSettings:
       process_id: this process's index in [0, num_processes).
       source: where the values came from ("arguments", a cluster environment's name, or "jax"
         for JAX's own auto-detection).
-      initialization_timeout: seconds to wait for every process to join.
+      initialization_timeout: seconds to wait for every process to join before phalanx
+        names the missing ones and exits.
       heartbeat_timeout_seconds: seconds without a heartbeat before a peer counts as dead and
-        every process aborts.
+        every survivor prints which one and exits (status 75).
       shutdown_timeout_seconds: seconds the exit barrier waits for the other processes.
     """
 
@@ -74,13 +81,17 @@ class DistributedSettings:
         check_int(self.shutdown_timeout_seconds, "shutdown_timeout_seconds", minimum=1)
 
     def initialize_kwargs(self) -> dict[str, object]:
-        """Return keyword arguments for `jax.distributed.initialize`."""
+        """Return keyword arguments for `jax.distributed.initialize`.
+
+        JAX's start-up and heartbeat timeouts come `JAX_BACKSTOP_SECONDS` after phalanx's own,
+        so its abort only ever follows phalanx's explanation.
+        """
         kwargs: dict[str, object] = {
             "coordinator_address": self.coordinator_address,
             "num_processes": self.num_processes,
             "process_id": self.process_id,
-            "initialization_timeout": self.initialization_timeout,
-            "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds,
+            "initialization_timeout": self.initialization_timeout + JAX_BACKSTOP_SECONDS,
+            "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds + JAX_BACKSTOP_SECONDS,
             "shutdown_timeout_seconds": self.shutdown_timeout_seconds,
         }
         address = self.coordinator_address
@@ -112,8 +123,8 @@ def plan_distributed(
       process_id: this process's index, or None.
       distributed: None decides from the arguments and environment; True always initializes
         (JAX then auto-detects, e.g. from a GCE TPU VM's metadata server); False never does.
-      initialization_timeout: seconds; default PHALANX_INIT_TIMEOUT, else 300.
-      heartbeat_timeout_seconds: seconds; default PHALANX_HEARTBEAT_TIMEOUT, else 100.
+      initialization_timeout: seconds; default PHALANX_INIT_TIMEOUT, else 60.
+      heartbeat_timeout_seconds: seconds; default PHALANX_HEARTBEAT_TIMEOUT, else 20.
       shutdown_timeout_seconds: seconds; default PHALANX_SHUTDOWN_TIMEOUT, else 300.
       environ: the environment to read (usually `os.environ`).
 

@@ -163,10 +163,13 @@ def resolve(
       cpu_devices: CPU devices per process (default PHALANX_CPU_DEVICES, else JAX's 1).
       distributed: None decides from arguments and environment; True always initializes
         `jax.distributed` (JAX auto-detects, e.g. on GCE TPU VMs); False never does.
-      initialization_timeout: seconds to wait for all processes to join (default
-        PHALANX_INIT_TIMEOUT, else 300).
-      heartbeat_timeout_seconds: seconds before a silent peer counts as dead and the job
-        aborts (default PHALANX_HEARTBEAT_TIMEOUT, else 100; tests use ~10).
+      initialization_timeout: seconds to wait for all processes to join; then every waiting
+        process prints one `phalanx:` line naming the missing process ids, the coordinator
+        address and the usual causes, and exits with status 75 (default
+        PHALANX_INIT_TIMEOUT, else 60).
+      heartbeat_timeout_seconds: seconds before a silent peer counts as dead; every survivor
+        then prints `phalanx: process N of M stopped responding X s ago; ...` and exits
+        with status 75 (default PHALANX_HEARTBEAT_TIMEOUT, else 20; tests use ~10).
       shutdown_timeout_seconds: seconds the exit barrier waits for peers (default
         PHALANX_SHUTDOWN_TIMEOUT, else 300).
 

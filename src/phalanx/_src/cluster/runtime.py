@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from phalanx._src.cluster.distributed import DistributedSettings
+from phalanx._src.cluster.watchdog import PeerWatchdog, StartupTimer
 
 
 class JaxRuntime:
@@ -55,8 +56,24 @@ class JaxRuntime:
         return jax.distributed.is_initialized()
 
     def initialize_distributed(self, settings: DistributedSettings) -> None:
-        """Join the multi-process job; blocks until all processes have joined."""
-        jax.distributed.initialize(**settings.initialize_kwargs())
+        """Join the multi-process job (blocks until all processes have joined), then watch the
+        peers for the life of the process (see `watchdog`)."""
+        from jax._src import distributed as jax_distributed  # the client: no public handle
+
+        with StartupTimer(
+            settings.process_id,
+            settings.num_processes,
+            settings.coordinator_address,
+            settings.initialization_timeout,
+        ):
+            jax.distributed.initialize(**settings.initialize_kwargs())
+        state = jax_distributed.global_state  # not jax.process_index(): no backend start yet
+        PeerWatchdog(
+            state.client,
+            state.process_id,
+            state.num_processes,
+            settings.heartbeat_timeout_seconds,
+        ).start()
 
     def devices(self, platform: str) -> Sequence[Any]:
         """Return every process's devices of `platform`, or [] when it is unavailable."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -11,20 +12,42 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.data import element_ops, index_ops, plan, validation
+from phalanx._src.data import (
+    combine_ops,
+    element_ops,
+    index_ops,
+    plan,
+    stream,
+    stream_combine,
+    validation,
+)
+from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
 from phalanx._src.data.iterator import DatasetIterator
+from phalanx._src.data.stream_nested import StreamBatch
 
+_INDEX_VIEW_NODES = (
+    plan.Source,
+    index_ops.Shuffle,
+    index_ops.Repeat,
+    index_ops.Shard,
+    index_ops.Take,
+    index_ops.Batch,
+    combine_ops.Skip,
+)
 AUTOTUNE = -1  # As tf.data.AUTOTUNE: let phalanx pick (CPU count for map, 2 for prefetch).
 
 
-class Dataset:
+class Dataset(DatasetOps):
     """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
 
     Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
     Dataset), and iterate: every `iter(ds)` is a new epoch, reshuffled when `shuffle` asks.
-    Every operation is index arithmetic on in-memory arrays, so a batch is gathered with one
+    Most operations are index arithmetic on in-memory arrays, so a batch is gathered with one
     indexing operation per array, an iterator's position (`get_state`) is a few integers,
-    and `process_split` reads only this process's rows of each global batch.
+    and `process_split` reads only this process's rows of each global batch. The ops that
+    cannot be index arithmetic (`filter`, `from_generator`, `flat_map`, `interleave`,
+    `unbatch`, `padded_batch`) stream: they read in order, and the position adds their
+    counters (see `dataset_ops`).
 
     Differences from tf.data, all deliberate: `shuffle` draws a uniform permutation of the
     whole (finite) dataset rather than sampling from a buffer; `map` functions must be pure
@@ -69,6 +92,17 @@ class Dataset:
         return cls._from_arrays(tensors, "x" if xy else "tensors")
 
     @classmethod
+    def from_tensors(cls, tensors: Any) -> Dataset:
+        """A dataset of one element, `tensors` itself, as tf.data's `from_tensors`.
+
+        Example:
+          >>> Dataset.from_tensors([[1.0]]).repeat().batch(8)  # batches of shape (8, 1, 1)
+        """
+        named, treedef = validation.named_leaves(tensors, "tensors")
+        rows = [validation.to_numpy(name, leaf)[None] for name, leaf in named]
+        return cls(plan.Source(rows, treedef))
+
+    @classmethod
     def _from_arrays(cls, tensors: Any, root: str) -> Dataset:
         named, treedef = validation.named_leaves(tensors, root)
         arrays = [(name, validation.to_numpy(name, leaf)) for name, leaf in named]
@@ -77,6 +111,14 @@ class Dataset:
 
     def _then(self, node: plan.Node) -> Dataset:
         return Dataset(node, self._prefetch)
+
+    def _needs_random_access(self, op: str) -> None:
+        if self._streaming:
+            raise ValueError(
+                f"{op} needs random access to the elements, which a streaming op (filter, "
+                "from_generator, flat_map, interleave, unbatch, padded_batch) does not give; "
+                f"call {op} before it"
+            )
 
     # -- transformations --------------------------------------------------------------------
 
@@ -94,6 +136,7 @@ class Dataset:
           reshuffle_each_iteration: a new order every epoch (True) or the same one (False).
         """
         size = validation.check_positive(buffer_size, "buffer_size", "shuffle(1024)")
+        self._needs_random_access("shuffle()")
         if seed is None:
             seed = secrets.randbits(63)
         seed = int(seed)
@@ -108,11 +151,15 @@ class Dataset:
         tf.data; use `batch(...).repeat()` to keep epochs apart.
         """
         if count is None or count == -1:
+            if self._streaming:
+                return self._then(stream_combine.StreamRepeat(self._node, None))
             if self._node.length == 0:
                 raise ValueError("repeat() of an empty dataset would never yield anything.")
             return self._then(index_ops.Repeat(self._node, None))
         if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
             raise ValueError(f"count must be None, -1 or >= 0, got {count!r}; e.g. repeat(2).")
+        if self._streaming:
+            return self._then(stream_combine.StreamRepeat(self._node, int(count)))
         return self._then(index_ops.Repeat(self._node, int(count)))
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
@@ -131,6 +178,8 @@ class Dataset:
                 f"this dataset is already batched (batch_size={self.batch_size}); call batch() "
                 "once, with the global batch size."
             )
+        if self._streaming:
+            return self._then(StreamBatch(self._node, size, bool(drop_remainder)))
         n = self._node.length
         if n is not None and (n == 0 or (drop_remainder and n < size)):
             raise ValueError(
@@ -158,6 +207,8 @@ class Dataset:
             workers = validation.check_positive(
                 num_parallel_calls, "num_parallel_calls", "map(fn, num_parallel_calls=2)"
             )
+        if self._streaming:  # computed in order, in the consuming thread
+            return self._then(stream.StreamMap(self._node, fn))
         return self._then(element_ops.Map(self._node, fn, workers))
 
     def cache(self) -> Dataset:
@@ -165,6 +216,7 @@ class Dataset:
 
         Cache after an expensive `map` and before `shuffle`/`repeat`.
         """
+        self._needs_random_access("cache()")
         if self._node.length is None:
             raise ValueError("cache() needs a finite dataset; call repeat() after cache().")
         return self._then(element_ops.Cache(self._node))
@@ -187,6 +239,8 @@ class Dataset:
             raise ValueError(
                 f"index must be in [0, {num_shards}), got {index}; e.g. shard({num_shards}, 0)."
             )
+        if self._streaming:
+            return self._then(stream.StreamShard(self._node, num_shards, int(index)))
         return self._then(index_ops.Shard(self._node, num_shards, int(index)))
 
     def take(self, count: int) -> Dataset:
@@ -195,6 +249,8 @@ class Dataset:
             return self
         if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
             raise ValueError(f"count must be >= 0 or -1, got {count!r}; e.g. take(10).")
+        if self._streaming:
+            return self._then(stream.StreamTake(self._node, int(count)))
         return self._then(index_ops.Take(self._node, int(count)))
 
     def process_split(self, index: int | None = None, count: int | None = None) -> Dataset:
@@ -222,20 +278,24 @@ class Dataset:
         count = validation.check_positive(count, "count", "process_split(0, 2)")
         if not 0 <= index < count:
             raise ValueError(f"index must be in [0, {count}), got {index}.")
-        if not any(isinstance(node, index_ops.Batch) for node in plan.chain(self._node)):
+        batches = (index_ops.Batch, StreamBatch)
+        if not any(isinstance(node, batches) for node in plan.chain(self._node)):
             raise ValueError("process_split() splits global batches; call batch() first.")
 
         def change(node: plan.Node) -> plan.Node:
             if isinstance(node, index_ops.Batch):
                 return index_ops.Batch(node.parent, node.size, node.drop_remainder, (index, count))
+            if isinstance(node, StreamBatch):
+                return dataclasses.replace(node, split=(index, count))
             return node
 
         return self._then(plan.rebuild(self._node, change))
 
     # -- properties -------------------------------------------------------------------------
 
-    def _batch_node(self) -> index_ops.Batch | None:
-        nodes = [n for n in plan.chain(self._node) if isinstance(n, index_ops.Batch)]
+    def _batch_node(self) -> index_ops.Batch | StreamBatch | None:
+        batches = (index_ops.Batch, StreamBatch)
+        nodes = [n for n in plan.chain(self._node) if isinstance(n, batches)]
         return nodes[0] if nodes else None
 
     @property
@@ -258,11 +318,19 @@ class Dataset:
 
     @property
     def cardinality(self) -> float:
-        """Elements (batches, once batched) per epoch; `math.inf` after `repeat()`."""
+        """Elements (batches, once batched) per epoch; `math.inf` after `repeat()`.
+
+        After a streaming op (filter, from_generator, ...) it is tf.data's
+        UNKNOWN_CARDINALITY, -2: the length is known only by iterating.
+        """
+        if self._streaming:
+            return UNKNOWN_CARDINALITY
         n = self._node.length
         return math.inf if n is None else n
 
     def __len__(self) -> int:
+        if self._streaming:
+            raise TypeError("the dataset's length is unknown (filter, from_generator, ...).")
         n = self._node.length
         if n is None:
             raise TypeError("the dataset is infinite (repeat()); use .cardinality instead.")
@@ -299,8 +367,8 @@ class Dataset:
           >>> x_all[idx]                       # == the first batch of iter(ds)
         """
         nodes = plan.chain(self._node)
-        if any(isinstance(n, element_ops.Map | element_ops.Cache) for n in nodes):
-            return None
+        if not all(isinstance(n, _INDEX_VIEW_NODES) for n in nodes):
+            return None  # a node computes elements (map, cache, enumerate, zip, filter, ...)
         source = nodes[0]
         rows = np.arange(source.length, dtype=np.int32)
         index_source = plan.Source([rows], plan.Source.single_leaf())

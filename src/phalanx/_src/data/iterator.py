@@ -6,12 +6,13 @@ import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
-from phalanx._src.data import index_ops, plan
+from phalanx._src.data import index_ops, plan, stream
 
 if TYPE_CHECKING:
     from phalanx._src.data.dataset import Dataset
 
 _STATE_KEYS = frozenset({"epoch", "step", "seeds"})
+_STREAM_STATE_KEYS = _STATE_KEYS | {"cursor"}  # a streaming pipeline's counters (stream.py)
 
 
 class DatasetIterator:
@@ -39,8 +40,12 @@ class DatasetIterator:
         self._epoch = epoch
         self._step = 0
         self._inner: Any = None
+        # A streaming pipeline (filter, from_generator, ...) is read in order by a cursor.
+        self._streaming = isinstance(self._node, stream.Stream)
+        self._cursor: Any = None
+        self._cursor_state: Any = None
         # Read once: walking the chain on every next() would cost more than the check.
-        self._threaded = dataset.num_workers > 0 or dataset._prefetch > 0
+        self._threaded = not self._streaming and (dataset.num_workers > 0 or dataset._prefetch > 0)
 
     @property
     def epoch(self) -> int:
@@ -56,6 +61,12 @@ class DatasetIterator:
         return self
 
     def __next__(self) -> Any:
+        if self._streaming:
+            if self._cursor is None:
+                self._cursor = stream.open_node(self._node, (self._epoch,), self._cursor_state)
+            element = next(self._cursor)
+            self._step += 1
+            return element
         length = self._node.length
         if length is not None and self._step >= length:
             self.close()
@@ -86,11 +97,15 @@ class DatasetIterator:
 
     def get_state(self) -> dict[str, Any]:
         """The position: a small JSON-serialisable dict (epoch, step, shuffle seeds)."""
-        return {
+        state = {
             "epoch": self._epoch,
             "step": self._step,
             "seeds": [int(s) for s in index_ops.seeds(self._node)],
         }
+        if self._streaming:
+            cursor = self._cursor
+            state["cursor"] = self._cursor_state if cursor is None else cursor.state()
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Moves to a position saved by `get_state`, possibly from another process.
@@ -101,10 +116,11 @@ class DatasetIterator:
         Raises:
           ValueError: the state does not come from this pipeline.
         """
-        if not isinstance(state, dict) or set(state) != _STATE_KEYS:
+        keys = _STREAM_STATE_KEYS if self._streaming else _STATE_KEYS
+        if not isinstance(state, dict) or set(state) != keys:
             raise ValueError(
                 f"expected a state from DatasetIterator.get_state() with keys "
-                f"{sorted(_STATE_KEYS)}, got {state!r}."
+                f"{sorted(keys)}, got {state!r}."
             )
         epoch, step = int(state["epoch"]), int(state["step"])
         length = self._node.length
@@ -118,6 +134,8 @@ class DatasetIterator:
         self.close()
         self._node = self._dataset._node
         self._epoch, self._step = epoch, step
+        if self._streaming:
+            self._cursor, self._cursor_state = None, state["cursor"]
 
     def close(self) -> None:
         """Stops the Grain threads, if any; iterating again restarts them at this position."""

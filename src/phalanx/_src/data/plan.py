@@ -87,20 +87,35 @@ class Source(Node):
         return self.treedef.unflatten([leaf[positions] for leaf in self.leaves])
 
 
+def parents(node: Node) -> tuple[Node, ...]:
+    """The nodes `node` reads from: `parents` (zip, concatenate), `parent`, or none."""
+    many = getattr(node, "parents", None)
+    if many is not None:
+        return tuple(many)
+    return (node.parent,) if hasattr(node, "parent") else ()
+
+
 def chain(root: Node) -> list[Node]:
-    """The nodes from the source up to `root`."""
-    nodes = [root]
-    while hasattr(nodes[-1], "parent"):
-        nodes.append(nodes[-1].parent)
-    return nodes[::-1]
+    """Every node under `root` and `root` itself, sources first (depth first, in order)."""
+    nodes: list[Node] = []
+    for parent in parents(root):
+        nodes.extend(chain(parent))
+    nodes.append(root)
+    return nodes
 
 
 def rebuild(root: Node, change: Callable[[Node], Node]) -> Node:
-    """A fresh copy of the chain (empty caches) with `change` applied to every node."""
-    node = change(dataclasses.replace(chain(root)[0]))
-    for old in chain(root)[1:]:
-        node = change(dataclasses.replace(old, parent=node))
-    return node
+    """A fresh copy of the tree (empty caches) with `change` applied to every node.
+
+    `change` sees the nodes in `chain` order, so sources first.
+    """
+    if hasattr(root, "parents"):
+        node = dataclasses.replace(root, parents=tuple(rebuild(p, change) for p in root.parents))
+    elif hasattr(root, "parent"):
+        node = dataclasses.replace(root, parent=rebuild(root.parent, change))
+    else:
+        node = dataclasses.replace(root)
+    return change(node)
 
 
 def element(root: Node, key: Key, step: int) -> Any:

@@ -11,9 +11,17 @@ What comes back:
     or computed only from such values) as a plain replicated `jax.Array` (tf's mirrored
     value: `strategy.reduce` SUMs it once per replica, MEAN returns it);
   * any other leaf as a `PerReplica`;
-  * NNX modules passed in (models, optimizers, metrics) are updated in place: their variables
-    take replica 0's value, as tf.distribute's mirrored variables do, except metric state
-    (`nnx.metrics.MetricState`), where every replica's increments are summed.
+  * NNX modules passed in (models, optimizers, metrics) are updated in place, each variable
+    by the rule `aggregation.py` registers for its type (`phalanx.register_variable_aggregation`
+    adds one): parameters and optimizer state take replica 0's value, as tf.distribute's
+    mirrored variables do; BatchNorm statistics (`nnx.BatchStat`) the mean over replicas, as
+    tf's ON_READ variables with MEAN aggregation; metric state (`nnx.metrics.MetricState`)
+    the sum of every replica's increments. RNG keys are never reduced: inside the function
+    each replica draws from its key folded with its replica index (different masks on
+    different replicas, and at every step as the shared counter advances, reproducible from
+    the seed), and the stored key is left as it was.
+  * BatchNorm inside `run` normalises with each replica's own batch statistics, as TF
+    computes them (fit uses the global batch instead).
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 from flax import nnx
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from phalanx._src.strategy import aggregation
 from phalanx._src.strategy.replica_context import ReplicaContext, replica_scope
 from phalanx._src.strategy.values import (
     DISTRIBUTED,
@@ -119,16 +129,15 @@ class _Plan:
 
 
 def _node_write_back(var_types: list[type], old: list, new: list, axis: str) -> list:
-    """New values of module variables, made identical on every replica."""
+    """New values of module variables, made identical on every replica (see aggregation.py)."""
     out = []
-    first = lax.axis_index(axis) == 0
     for var_type, before, after in zip(var_types, old, new, strict=True):
         if not _is_varying(after, axis):
             out.append(after)
-        elif issubclass(var_type, nnx.metrics.MetricState):
-            out.append(before + lax.psum(after - before, axis))
         else:
-            out.append(lax.psum(jnp.where(first, after, jnp.zeros_like(after)), axis))
+            out.append(
+                aggregation.combine(aggregation.variable_aggregation(var_type), before, after, axis)
+            )
     return out
 
 
@@ -168,6 +177,9 @@ class _Compiled:
             arrays = iter(arrays)
             entry_state = node_state
             node_state = jax.tree.map(lambda x: _to_varying(jnp.asarray(x), axis), node_state)
+            for var in _variables(node_state):
+                if aggregation.variable_aggregation(type(var)) == "per_replica_rng":
+                    var.set_value(aggregation.per_replica_key(var.get_value(), axis))
             merged = nnx.merge(self.graphdef, node_state) if self.graphdef is not None else []
             nodes, statics = iter(merged), iter(self.statics)
             leaves = []
@@ -237,7 +249,16 @@ def run(strategy: Strategy, fn: Callable, args: tuple = (), kwargs: dict | None 
     key = plan.key(fn)
     compiled = strategy._run_cache.get(key)
     if compiled is None:
-        compiled = _Compiled(strategy, fn, plan)
+        try:
+            compiled = _Compiled(strategy, fn, plan)
+        except flax_errors.TraceContextError as error:
+            # Only modules passed as arguments enter the replica function's trace; a module
+            # the function closes over cannot be written from inside it.
+            raise ValueError(
+                "the function passed to strategy.run changed an NNX module it closes over "
+                f"({error}); pass every module the function updates as an argument, e.g. "
+                "strategy.run(step, args=(model, batch))"
+            ) from error
         strategy._run_cache[key] = compiled
     stacked, new_state = compiled.call(plan.node_state, plan.arrays, plan.mask)
     if plan.nodes:

@@ -14,8 +14,9 @@ from jax.sharding import PartitionSpec as P
 
 from phalanx._src.strategy import reduce as reduce_lib
 from phalanx._src.strategy import run as run_lib
+from phalanx._src.strategy import sharding as sharding_lib
 from phalanx._src.strategy import state
-from phalanx._src.strategy.distribute import DistributedDataset, InputContext
+from phalanx._src.strategy.distribute import DistributedDataset, InputContext, PerReplicaBatches
 from phalanx._src.strategy.reduce_op import ReduceOp
 from phalanx._src.strategy.values import PerReplica
 
@@ -24,15 +25,23 @@ class Strategy:
     """Synchronous data-parallel training over every device (or the ones given).
 
     The strategy owns a 1-D `jax.sharding.Mesh` whose data axis spans all replicas. State is
-    replicated over it; batches are sharded along it. Build models and optimizers inside
-    `scope()` and they are created replicated; `run` executes a function once per replica;
-    `reduce` combines per-replica results. In a multi-process job, every process must build the
-    same strategy and call every method that communicates (`run`, `reduce`, distributing data).
+    replicated over it (a `Model`'s may be sharded: `state_sharding`); batches are sharded
+    along it. Build models and optimizers inside `scope()` and they are created replicated;
+    `run` executes a function once per replica; `reduce` combines per-replica results. In a
+    multi-process job, every process must build the same strategy and call every method that
+    communicates (`run`, `reduce`, distributing data).
 
     Args:
       devices: the devices to use, in replica order. Default: all global devices
         (`jax.devices()`), across processes.
       axis_name: the name of the data axis.
+      state_sharding: where `Model`'s train state lives. 'replicated' (default): a full
+        copy on every replica. 'zero1': optimizer state sharded over the replicas (ZeRO-1).
+        'fsdp': parameters sharded too, gathered where used (FSDP / ZeRO-3). Same numbers
+        in every mode; see `phalanx._src.strategy.sharding`.
+
+    Raises:
+      ValueError: for no devices, a repeated device, or an unknown `state_sharding`.
 
     Example:
       >>> strategy = phalanx.Strategy()
@@ -42,7 +51,14 @@ class Strategy:
       ...     model = MLP(rngs=nnx.Rngs(0))        # parameters replicated on 8 devices
     """
 
-    def __init__(self, devices: Sequence[jax.Device] | None = None, axis_name: str = "data"):
+    def __init__(
+        self,
+        devices: Sequence[jax.Device] | None = None,
+        axis_name: str = "data",
+        *,
+        state_sharding: str = "replicated",
+    ):
+        self._state_sharding = sharding_lib.check_mode(state_sharding)
         devices = list(jax.devices() if devices is None else devices)
         if not devices:
             raise ValueError("Strategy needs at least one device; got an empty list")
@@ -79,14 +95,24 @@ class Strategy:
         return self._axis_name
 
     @property
+    def state_sharding(self) -> str:
+        """'replicated', 'zero1' or 'fsdp': how `Model`'s train state is laid out."""
+        return self._state_sharding
+
+    @property
     def replicated_sharding(self) -> NamedSharding:
         """Sharding of state: a full copy on every replica."""
-        return NamedSharding(self._mesh, P())
+        # Made once: a fresh NamedSharding per batch costs ~50 us in JAX's per-object caches.
+        if getattr(self, "_replicated_sharding", None) is None:
+            self._replicated_sharding = NamedSharding(self._mesh, P())
+        return self._replicated_sharding
 
     @property
     def data_sharding(self) -> NamedSharding:
         """Sharding of batches: rows split along the data axis."""
-        return NamedSharding(self._mesh, P(self._axis_name))
+        if getattr(self, "_data_sharding", None) is None:
+            self._data_sharding = NamedSharding(self._mesh, P(self._axis_name))
+        return self._data_sharding
 
     def __repr__(self) -> str:
         kind = self._devices[0].platform
@@ -131,6 +157,23 @@ class Strategy:
             )
         return jax.device_put(tree, sharding)
 
+    def train_state_shardings(self, state: dict) -> Any:
+        """The sharding of each leaf of a train-state dict (`params`, `rest`, `opt`,
+        `metrics`, or a subset) under `state_sharding`; leaves may be abstract."""
+        return sharding_lib.train_state_shardings(
+            state, self._state_sharding, self._mesh, self._axis_name
+        )
+
+    def place_train_state(self, state: dict) -> dict:
+        """Puts a train-state dict (or a subset of its parts) on the devices, replicated or
+        sharded as `state_sharding` says.
+
+        Example:
+          >>> strategy = phalanx.Strategy(state_sharding="zero1")
+          >>> state = strategy.place_train_state({"params": params, "opt": tx.init(params)})
+        """
+        return jax.device_put(state, self.train_state_shardings(state))
+
     # ---- data -----------------------------------------------------------------------------
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
         """Turns an iterable of global batches into global arrays sharded over the replicas.
@@ -169,17 +212,35 @@ class Strategy:
     distribute = experimental_distribute_dataset
 
     def distribute_datasets_from_function(
-        self, dataset_fn: Callable[[InputContext], Iterable[Any]]
+        self,
+        dataset_fn: Callable[[InputContext], Iterable[Any]],
+        *,
+        process_batches: bool = False,
     ) -> DistributedDataset:
         """Builds each process's pipeline with `dataset_fn(input_context)` and distributes it.
 
-        `dataset_fn` must yield this process's batches (the global batch divided by
-        `num_input_pipelines`); the result behaves like `experimental_distribute_dataset`'s.
+        As in tf.distribute, `dataset_fn` returns a dataset of per-replica batches (batch it
+        with `ctx.get_per_replica_batch_size(GLOBAL_BATCH)`); each step takes one batch per
+        local replica, in replica order, so the global batch is per-replica x replicas. The
+        context numbers are TF's: one input pipeline per process (`num_input_pipelines`,
+        `input_pipeline_id`) and `num_replicas_in_sync` over all processes. At the end of the
+        data, a step with fewer or shorter batches is padded and masked as
+        `experimental_distribute_dataset` pads a partial batch.
+
+        Args:
+          dataset_fn: `dataset_fn(ctx) -> iterable of batches`, called once, now.
+          process_batches: phalanx's older form, off by default: each element of
+            `dataset_fn`'s dataset is this process's whole share of the global batch
+            (global batch = element rows x `num_input_pipelines`).
+
+        Returns:
+          A `DistributedDataset`, iterated like `experimental_distribute_dataset`'s.
 
         Example:
           >>> def dataset_fn(ctx):
-          ...     per_replica = ctx.get_per_replica_batch_size(1024)
-          ...     return make_pipeline(ctx.input_pipeline_id).batch(per_replica * local_replicas)
+          ...     batch_size = ctx.get_per_replica_batch_size(64)
+          ...     d = phalanx.data.Dataset.from_tensors([[1.0]]).repeat().batch(batch_size)
+          ...     return d.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
           >>> dist = strategy.distribute_datasets_from_function(dataset_fn)
         """
         context = InputContext(
@@ -189,14 +250,19 @@ class Strategy:
         )
         dataset = dataset_fn(context)
         batch_size = getattr(dataset, "batch_size", None)
-        global_batch = (
-            batch_size * context.num_input_pipelines if isinstance(batch_size, int) else None
-        )
+        drop_remainder = bool(getattr(dataset, "drop_remainder", False))
+        if process_batches:
+            per_step = context.num_input_pipelines
+            source: Iterable[Any] = dataset
+        else:
+            per_step = self.num_replicas_in_sync
+            source = PerReplicaBatches(dataset, self.num_local_replicas)
+        global_batch = batch_size * per_step if isinstance(batch_size, int) else None
         return DistributedDataset(
             self,
-            lambda: dataset,
+            lambda: source,
             global_batch_size=global_batch,
-            drop_remainder=bool(getattr(dataset, "drop_remainder", False)),
+            drop_remainder=drop_remainder,
         )
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[Any], Any]) -> Any:

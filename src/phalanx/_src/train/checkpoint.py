@@ -1,19 +1,37 @@
-"""Saving and restoring a Model's whole training state with Orbax, atomically.
+"""Saving and restoring a Model's whole training state with Orbax, atomically and in the
+background.
 
 A checkpoint holds the train state (parameters, the module's other variables, optimizer
 state with its accumulator and loss scale, metric sums) and a small JSON record (epoch,
 steps done in it, the data iterator's position). Orbax writes into a temporary directory
-and renames it when complete, so an interrupted save never leaves a checkpoint that looks
-whole. Every process calls `save` and `restore` (they are collective in a multi-process job);
-replicated arrays are written once.
+and renames it when complete, so an interrupted save (a kill mid-write) never leaves a
+checkpoint that looks whole: the previous one stays the newest.
+
+Saves are asynchronous: `save` only queues a copy of the state made on the devices (so the
+next training step may overwrite the original) and returns; one background thread per
+process hands the copies to Orbax in order, and Orbax writes the files while training goes
+on. A checkpointer has at most one save in progress: a new save first waits for the previous
+one, so device memory holds at most one extra copy. The thread is shared, so the saves of
+every checkpointer reach Orbax's cross-process barriers in the same order on every process.
+Every process calls `save` and `restore` (they are collective in a multi-process job): each
+process writes the shards it holds (replicated arrays once), process 0 commits the
+checkpoint after all processes have finished writing, and old checkpoints are deleted only
+after that agreement.
+
+`restore` reads into the shardings of the model's current state, whatever they were at save
+time, so a checkpoint written on one device count restores on another.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 
 if TYPE_CHECKING:
     from phalanx._src.train.model import Model
@@ -25,12 +43,69 @@ def _abstract(state: Any) -> Any:
     )
 
 
+class _Writer:
+    """One background thread per process running save tasks in submission order; it ends
+    when idle, so nothing outlives the saves (an interrupted fit leaves no thread behind)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks: list[tuple[Callable[[], None], concurrent.futures.Future]] = []
+        self._thread: threading.Thread | None = None
+
+    def submit(self, task: Callable[[], None]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._tasks.append((task, future))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="phalanx-checkpoint-writer", daemon=True
+                )
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._tasks:
+                    self._thread = None
+                    return
+                task, future = self._tasks.pop(0)
+            try:
+                task()
+            except BaseException as error:  # handed to the training thread by the future
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+
+_WRITER = _Writer()
+
+
+def _use_coordination_barriers() -> None:
+    """Make Orbax's cross-process barriers go through JAX's coordination service.
+
+    Orbax's default barrier is a device collective (`sync_global_devices`); issued from its
+    background thread while training steps run their own collectives, it can meet them in a
+    different order on different processes and hang the job.
+    """
+    if jax.process_count() == 1:
+        return
+    import orbax.checkpoint  # noqa: F401 -- defines the flag
+    from absl import flags
+
+    flag = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
+    if not flag.value:
+        flag.parse("true")  # also marks it present, so it reads without absl's flag parsing
+
+
 class TrainCheckpointer:
     """Numbered checkpoints of a `Model`'s train state in one directory.
 
     Args:
       directory: where checkpoints go (created if missing); one sub-directory per save.
       max_to_keep: keep only the newest N (None: all).
+      asynchronous: write in a background thread while training goes on (default); False
+        makes every `save` return only once the checkpoint is on disk.
 
     Example:
       >>> ckpt = TrainCheckpointer("runs/ckpt", max_to_keep=2)
@@ -38,32 +113,82 @@ class TrainCheckpointer:
       >>> record = ckpt.restore(model)           # the newest; returns {"epoch": 3}
     """
 
-    def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        max_to_keep: int | None = None,
+        asynchronous: bool = True,
+    ) -> None:
         import orbax.checkpoint as ocp  # 1 s to import: only when checkpointing
 
+        _use_coordination_barriers()
         self._ocp = ocp
         self.directory = os.path.abspath(os.fspath(directory))
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+                max_to_keep=max_to_keep,
+                # Orbax's own thread writes while ours waits; ours keeps the loop free.
+                enable_async_checkpointing=True,
+                create=True,
+                # Old checkpoints are removed by a thread too, never by the training loop.
+                enable_background_delete=True,
             ),
         )
+        self._asynchronous = asynchronous
+        self._pending: concurrent.futures.Future | None = None
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's number, or None."""
+        self.wait_until_finished()
         return self._manager.latest_step()
 
-    def save(self, step: int, model: Model, record: dict[str, Any]) -> None:
-        """Writes `model`'s train state and `record` (JSON-serialisable) as checkpoint `step`."""
+    def save(self, step: int, model: Model, record: dict[str, Any], wait: bool = False) -> None:
+        """Writes `model`'s train state and `record` (JSON-serialisable) as checkpoint `step`.
+
+        Returns once a copy of the state is queued on the devices; the files are written in
+        the background unless `wait` (or the checkpointer is synchronous).
+
+        Raises:
+          Exception: the previous background save's error, if it failed.
+        """
+        self.wait_until_finished()  # at most one save in progress (one extra state copy)
+        if jax.process_count() > 1:
+            # Orbax's barriers must reach every process in one order: save from this thread
+            # (Orbax still writes in its own thread); see `_use_coordination_barriers`.
+            self._manager.save(step, args=self._args(model._state, record), force=True)
+            if wait or not self._asynchronous:
+                self._manager.wait_until_finished()
+            return
+        # A copy on the devices: the next step donates (overwrites) the state's buffers.
+        args = self._args(jax.tree.map(jnp.copy, model._state), record)
+
+        def write() -> None:
+            self._manager.save(step, args=args, force=True)
+            self._manager.wait_until_finished()
+
+        if not self._asynchronous:
+            write()
+            return
+        self._pending = _WRITER.submit(write)
+        if wait:
+            self.wait_until_finished()
+
+    def _args(self, state: Any, record: dict[str, Any]) -> Any:
         ocp = self._ocp
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(model._state), record=ocp.args.JsonSave(record)
-            ),
-            force=True,
+        return ocp.args.Composite(
+            state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(dict(record))
         )
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the save in progress, if any, is on disk and committed.
+
+        Raises:
+          Exception: that save's error, if it failed.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
         self._manager.wait_until_finished()
 
     def restore(self, model: Model, step: int | None = None) -> dict[str, Any]:
@@ -88,8 +213,13 @@ class TrainCheckpointer:
 
     def delete_all(self) -> None:
         """Removes every checkpoint (BackupAndRestore after a finished run)."""
+        self.wait_until_finished()
         for step in list(self._manager.all_steps()):
             self._manager.delete(step)
 
     def close(self) -> None:
-        self._manager.close()
+        """Waits for the save in progress, then releases Orbax's threads."""
+        try:
+            self.wait_until_finished()
+        finally:
+            self._manager.close()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
+from flax import nnx
 
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.step import scanned
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 SCAN, LOOP = "scan", "loop"
 
 
-def _tick(state: dict) -> jax.Array:
-    """A scalar that is ready when the call is done, to bound the calls in flight."""
-    return jnp.sum(jax.tree.leaves(state["metrics"])[0])
+def log_values(graphdef: Any, metrics: Any) -> list[jax.Array]:
+    """`[loss, *metrics]` results (inside jit). Every compiled call returns them with the
+    state, so reading logs costs one device-to-host copy and no second call; the first one
+    is also the tick that bounds the calls in flight (it is ready when the call is done)."""
+    return [m.result() for m in nnx.merge(graphdef, metrics)]
 
 
 def _with_source(step: Callable, source: Any) -> Callable:
@@ -51,13 +53,15 @@ def _jit_phase(model: Model, phase: str, many: bool) -> Callable:
 
         def call(state, source, batch, mask):
             state = run(train, state, source, batch, mask)
-            return state, _tick(state)
+            return state, log_values(steps.metrics_graphdef, state["metrics"])
 
-        return jax.jit(call, donate_argnums=0, out_shardings=(repl, repl))
+        # The state keeps its layout: replicated, or sharded by Strategy(state_sharding=...).
+        state_shardings = model.strategy.train_state_shardings(model._state)
+        return jax.jit(call, donate_argnums=0, out_shardings=(state_shardings, repl))
 
     def call_test(metrics, frozen, source, batch, mask):
         state = run(steps.test, {**frozen, "metrics": metrics}, source, batch, mask)
-        return state["metrics"], _tick(state)
+        return state["metrics"], log_values(steps.metrics_graphdef, state["metrics"])
 
     return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl))
 
@@ -119,26 +123,51 @@ class Runner:
         calls = [payload] if mode == SCAN else payload
         fn = compiled(self.model, self.phase, many=mode == SCAN)
         model = self.model
-        tick = None
+        logs = None
         for batch, mask in calls:
             if self.phase == "train":
-                model._state, tick = fn(model._state, self.source, batch, mask)
+                model._state, logs = fn(model._state, self.source, batch, mask)
             else:
                 frozen = {k: v for k, v in model._state.items() if k != "metrics"}
-                metrics, tick = fn(model._state["metrics"], frozen, self.source, batch, mask)
+                metrics, logs = fn(model._state["metrics"], frozen, self.source, batch, mask)
                 model._state = {**model._state, "metrics": metrics}
-        return tick
+        # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
+        model._compiled_fns["last_logs"] = (model._state["metrics"], logs)
+        return logs[0]
 
 
-def predict_fn(model: Model) -> Callable:
-    """`(state, source, batch) -> outputs`; `source` as for the other phases."""
-    fn = model._compiled_fns.get("predict")
+def predict_fn(model: Model, many: bool = False) -> Callable:
+    """`(state, source, batch) -> outputs`; `source` as for the other phases.
+
+    `many`: the batch is K stacked batches `(K, rows, ...)`, run in one call (`lax.map`), and
+    so are the outputs.
+    """
+    key = ("predict", many)
+    fn = model._compiled_fns.get(key)
     if fn is None:
 
-        def predict(state, source, batch):
+        def one(state, source, batch):
             if source is not None:
                 batch = jax.tree.map(lambda a: a[batch], source)
             return model.steps.predict(state, batch)
 
-        fn = model._compiled_fns["predict"] = jax.jit(predict)
+        def predict(state, source, batch):
+            if many:
+                return jax.lax.map(lambda b: one(state, source, b), batch)
+            return one(state, source, batch)
+
+        fn = model._compiled_fns[key] = jax.jit(predict)
     return fn
+
+
+def predict_mode(model: Model, source: Any, batch: Any) -> str:
+    """SCAN (K batches per call), unless the model has a convolution on XLA:CPU (LOOP)."""
+    mode = model._compiled_fns.get("predict_mode")
+    if mode is None:
+        mode = SCAN
+        if model.strategy.devices[0].platform == "cpu":
+            hlo = predict_fn(model).lower(model._state, source, batch).as_text()
+            if "convolution" in hlo:
+                mode = LOOP
+        model._compiled_fns["predict_mode"] = mode
+    return mode

@@ -1,10 +1,12 @@
 """Feeding the compiled steps: host batches in, bounded calls in flight, logs out.
 
 The device never waits for the host: host batches are made ahead in a thread and put on the
-devices ahead of use (`DevicePrefetcher`); K steps run per compiled call; logs are fetched
-only every K steps when a callback wants them, and at the end of an epoch. On XLA:CPU more
-than ~30 queued calls with a collective deadlock (stack-facts), so at most
-`MAX_IN_FLIGHT` calls are queued.
+devices ahead of use (`DevicePrefetcher`); device-resident data's row numbers are made one
+group ahead in the loop's own thread, between steps (`Ahead`); K steps run per compiled
+call; every call returns its logs with the state, and they are copied to the host only every
+K steps when a callback wants them, and at the end of an epoch. On XLA:CPU more than ~30
+queued calls with a collective deadlock (stack-facts), so at most `MAX_IN_FLIGHT` calls are
+queued.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from phalanx._src.data.adapters import as_batches
 from phalanx._src.data.dataset import Dataset
@@ -116,6 +117,62 @@ class Direct:
         return self._groups.get_state()
 
 
+class Ahead:
+    """Device inputs made one group ahead in the calling thread, between steps.
+
+    For device-resident data (`device_data`) a group's device input is a few kilobytes of
+    row numbers: making it costs less than handing it over from a thread, and a producer
+    thread running Python while the loop waits on the devices delays the loop's wake-up by
+    up to the interpreter's switch interval (5 ms). So the loop calls `advance()` right after
+    dispatching a step: the next input is made while the devices run that step.
+    `get_state()` is the source's position after the last group returned, as for
+    `DevicePrefetcher`, so a checkpoint resumes exactly.
+    """
+
+    def __init__(self, groups: Groups, put: Any) -> None:
+        self._groups = groups
+        self._put = put
+        self.checkpointable = groups.checkpointable
+        self._next: tuple[Any, Any] | None = None  # (device input, source state after it)
+        self._done = False
+        self._state = groups.get_state() if self.checkpointable else None
+
+    def __enter__(self) -> Ahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __iter__(self) -> Ahead:
+        return self
+
+    def ready(self) -> bool:
+        return self._next is not None or self._done
+
+    def advance(self) -> None:
+        """Makes the next group's device input now, if not made yet."""
+        if self._next is not None or self._done:
+            return
+        try:
+            group = next(self._groups)
+        except StopIteration:
+            self._done = True
+            return
+        state = self._groups.get_state() if self.checkpointable else None
+        self._next = (self._put(group), state)
+
+    def __next__(self) -> Any:
+        self.advance()
+        if self._next is None:
+            raise StopIteration
+        item, self._state = self._next
+        self._next = None
+        return item
+
+    def get_state(self) -> Any:
+        return self._state
+
+
 class _InFlight:
     """Blocks on the oldest call once `MAX_IN_FLIGHT` are queued."""
 
@@ -153,16 +210,23 @@ def reset_metrics(model: Model) -> None:
 
 
 def fetch_logs(model: Model) -> dict[str, float]:
-    """The current loss and metric values as Python floats (one device fetch)."""
-    fn = model._compiled_fns.get("logs")
-    if fn is None:
-        graphdef = model.steps.metrics_graphdef
+    """The current loss and metric values as Python floats (one device fetch).
 
-        def compute(metrics: Any) -> list[jax.Array]:
-            return [m.result() for m in nnx.merge(graphdef, metrics)]
-
-        fn = model._compiled_fns["logs"] = jax.jit(compute)
-    values = jax.device_get(fn(model._state["metrics"]))
+    The last compiled call already returned them for the sums it left in `model._state`
+    (`execution.log_values`); only other sums (e.g. just reset) need a call of their own.
+    """
+    metrics = model._state["metrics"]
+    last = model._compiled_fns.get("last_logs")
+    if last is not None and last[0] is metrics:
+        values = jax.device_get(last[1])
+    else:
+        fn = model._compiled_fns.get("logs")
+        if fn is None:
+            graphdef = model.steps.metrics_graphdef
+            fn = model._compiled_fns["logs"] = jax.jit(
+                lambda metrics: execution.log_values(graphdef, metrics)
+            )
+        values = jax.device_get(fn(metrics))
     names = [m.name for m in (model.loss_tracker, *model.metrics)]  # Keras's order: loss first
     return {name: float(np.asarray(v)) for name, v in zip(names, values, strict=True)}
 
@@ -195,12 +259,15 @@ def run_phase(
     steps = 0
     next_fetch = interval or 0
     logs: dict[str, float] = {}
-    if prefetch > 0:
+    if prefetch > 0 and source is not None:
+        feed = Ahead(groups, runner.put)
+    elif prefetch > 0:
         feed = DevicePrefetcher(
             groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
         )
     else:
         feed = Direct(groups, runner.put)
+    advance = getattr(feed, "advance", None)
     with feed:
         while True:
             if steps > 0:
@@ -217,6 +284,8 @@ def run_phase(
             if needs_hooks:
                 callbacks._call_batch(phase, "begin", steps, None)
             in_flight.add(runner.execute(item))
+            if advance is not None:
+                advance()  # the next input is made while the devices run this step
             steps += n
             if phase == "train":
                 model.train_step_count += n

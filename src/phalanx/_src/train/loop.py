@@ -11,9 +11,10 @@ import jax
 import numpy as np
 
 from phalanx._src.data.adapters import as_batches
+from phalanx._src.data.prefetch import DevicePrefetcher
 from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.strategy.distribute import BatchDistributor
-from phalanx._src.train import execution, feed
+from phalanx._src.train import checks, execution, feed, fit_options, flop_rate, preemption
 from phalanx._src.train.callbacks.callback_list import CallbackList
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ def fit(
     validation_steps: int | None = None,
     validation_batch_size: int | None = None,
     validation_freq: int = 1,
+    validation_split: float = 0.0,
+    class_weight: dict[int, float] | None = None,
     seed: int | None = None,
     prefetch: int = 2,
     device_data: bool | str = "auto",
@@ -54,12 +57,18 @@ def fit(
       callbacks: `phalanx.callbacks.Callback`s; a History is always added.
       validation_data: `(x_val, y_val[, sw])` arrays or a dataset, evaluated every
         `validation_freq` epochs; its logs are prefixed 'val_'.
+      validation_split: for array inputs, the fraction of examples (the last ones, before
+        shuffling, as Keras) held out as validation data when `validation_data` is None.
+      class_weight: for a single-output model on array inputs, `{class index: weight}`;
+        each example's weight (classes not listed: 1.0) is multiplied into
+        `sample_weight`. See `phalanx._src.train.fit_options`.
       steps_per_epoch: batches per epoch; required for an infinite dataset. With a finite
         one, the data iterator then carries over from epoch to epoch and restarts when it
         runs out.
       seed: the shuffle seed for arrays (default: a fresh random seed).
       prefetch: batches made ahead in a thread and put on the devices ahead of use; 0 makes
-        each batch in the loop's own thread when it is needed.
+        each batch in the loop's own thread when it is needed. Device-resident data
+        (`device_data`) needs no thread: its row numbers are made between steps.
       device_data: keep an in-memory phalanx Dataset's arrays on the devices and send only
         row numbers per step: 'auto' (when they fit), True, or False.
 
@@ -75,9 +84,17 @@ def fit(
         raise ValueError(f"prefetch must be an int >= 0 (0: no prefetch thread), got {prefetch!r}")
     if not 0 <= initial_epoch <= max(epochs, 0):
         raise ValueError(f"initial_epoch {initial_epoch} must be in [0, epochs={epochs}]")
-    data, source = feed.on_devices(
-        model, feed.host_data(x, y, sample_weight, batch_size, shuffle, seed), device_data
-    )
+    if validation_split:
+        (x, y, sample_weight), held_out = fit_options.validation_split(
+            x, y, sample_weight, validation_split
+        )
+        if validation_data is None:  # as in Keras, validation_data wins
+            validation_data = tuple(v for v in held_out if v is not None)
+    if class_weight is not None:
+        sample_weight = fit_options.class_weights(y, class_weight, sample_weight)
+    host = feed.host_data(x, y, sample_weight, batch_size, shuffle, seed)
+    checked = checks.check_data(model, host)  # shapes and labels, before anything compiles
+    data, source = feed.on_devices(model, host, device_data)
     steps_known = steps_per_epoch or feed.length(data)
     if steps_known is None and _is_infinite(data):
         raise ValueError(
@@ -85,11 +102,9 @@ def fit(
         )
     val_data = None
     if validation_data is not None:
-        val_data = feed.on_devices(
-            model,
-            _validation_source(validation_data, validation_batch_size or batch_size),
-            device_data,
-        )
+        val_source = _validation_source(validation_data, validation_batch_size or batch_size)
+        checks.check_data(model, val_source)  # in-memory validation arrays, before epoch 1
+        val_data = feed.on_devices(model, val_source, device_data)
     verbose = 1 if verbose == "auto" else verbose
     cbs = CallbackList(
         callbacks,
@@ -111,6 +126,8 @@ def fit(
     cbs.on_train_begin()
     start_epoch = model._fit_epoch  # BackupAndRestore may move it in on_train_begin
     iterator: Iterator[Any] | None = None
+    # SIGTERM: every process backs up at one agreed step and exits 143 (see preemption.py).
+    watch = preemption.PreemptionWatch(model, cbs).start()
     try:
         for epoch in range(start_epoch, epochs):
             model._fit_epoch = epoch
@@ -118,6 +135,8 @@ def fit(
             cbs.on_epoch_begin(epoch)
             t0 = time.perf_counter()
             iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
+            iterator = checks.watch(model, iterator, source, checked)  # each batch, if not all
+            iterator = flop_rate.watch(model, iterator)  # keeps batch 1 for the FLOP count
             steps, exhausted, model._last_data_state = feed.run_phase(
                 model,
                 "train",
@@ -139,6 +158,7 @@ def fit(
             examples = float(steps * _global_batch(data))
             epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
             epoch_logs["input_wait_fraction"] = meter.epoch_summary()["input_wait_fraction"]
+            epoch_logs.update(flop_rate.epoch_logs(model, iterator, steps, elapsed, source))
             if val_data is not None and (epoch + 1) % validation_freq == 0:
                 val_logs = _evaluate_logs(model, val_data, validation_steps)
                 epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
@@ -153,6 +173,7 @@ def fit(
         # Whether fit returns, raises or is interrupted, no pipeline thread outlives it.
         feed.close(iterator)
         feed.close(carried)
+        watch.stop()
     cbs.on_train_end(epoch_logs)
     return model.history
 
@@ -240,16 +261,14 @@ def evaluate(
       `return_dict=True`: `{name: value}`. Otherwise, as Keras: the loss alone when there is
       no metric, else `[loss, *metrics]`.
     """
-    data, source = feed.on_devices(
-        model,
-        feed.host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None),
-        device_data,
-    )
+    host = feed.host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None)
+    checked = checks.check_data(model, host)  # shapes and labels, before anything compiles
+    data, source = feed.on_devices(model, host, device_data)
     verbose = 1 if verbose == "auto" else verbose
     cbs = CallbackList(callbacks, model=model, steps=steps or feed.length(data), verbose=verbose)
     feed.reset_metrics(model)
     cbs.on_test_begin()
-    iterator = iter(data)
+    iterator = checks.watch(model, iter(data), source, checked)
     try:
         feed.run_phase(
             model, "test", iterator, steps, cbs, None, source=source, steps_hint=feed.length(data)
@@ -274,32 +293,109 @@ def predict(
     callbacks: Iterable[Any] | None = None,
     device_data: bool | str = "auto",
 ) -> Any:
-    """The model's outputs for every example, in order, as NumPy (padded rows dropped)."""
+    """The model's outputs for every example, in order, as NumPy (padded rows dropped).
+
+    Batches go in groups of K = `steps_per_execution`: batch hooks run once per group
+    (begin: its first batch, end: its last), and the outputs stay on the devices until up
+    to `feed.MAX_IN_FLIGHT` groups' worth are copied to the host together (few large
+    transfers, not one per batch). With `device_data=True` a group is one compiled call
+    (single calls for a convnet on XLA:CPU, see execution.py); host batches ('auto') are
+    sent ahead in a thread and run one call each.
+    """
+    # One pass reads each row once: sending it in its batch, sharded, moves less than
+    # replicating the whole array on every device first, so 'auto' means host batches here.
     data, source = feed.on_devices(
-        model, feed.host_data(x, None, None, batch_size, shuffle=False, seed=None), device_data
+        model,
+        feed.host_data(x, None, None, batch_size, shuffle=False, seed=None),
+        False if device_data == "auto" else device_data,
     )
     cbs = CallbackList(callbacks, model=model, steps=steps or feed.length(data))
     distributor = BatchDistributor(model.strategy, pad_at_end=True)
-    predict_fn = execution.predict_fn(model)
-    outputs: list[Any] = []
+    k = model._execution_k(steps or feed.length(data))
+    # Host batches run one call each: stacking K of them first is one more host copy of
+    # every row, which costs more than the K-1 dispatches it saves (measured: 0.6x at K=50).
+    mode = [None if k > 1 and source is not None else execution.LOOP]
+
+    def put(group: list[Any]) -> tuple[list[tuple[Any, Any, Any, list[int]]], int]:
+        """A group's calls `(fn, device batch, mask, real rows)` and its batch count."""
+        if mode[0] is None:
+            batch, mask = distributor.arrays(group[0])
+            mode[0] = execution.predict_mode(model, source, batch)
+        if mode[0] == execution.SCAN:
+            batch, mask = distributor.stacked(group, k)
+            calls = [(execution.predict_fn(model, many=True), batch, mask)]
+        else:
+            fn = execution.predict_fn(model)
+            calls = [(fn, *distributor.arrays(host)) for host in group]
+        reals = _split_rows(group, len(calls))
+        return [(*call, real) for call, real in zip(calls, reals, strict=True)], len(group)
+
+    parts: list[Any] = []  # host outputs, real rows only
+    pending: list[tuple[Any, list[int], Any]] = []  # (device outputs, real rows, mask)
     cbs.on_predict_begin()
     iterator = iter(data)
+    if source is not None:
+        batches = feed.Ahead(feed.Groups(iterator, k, steps), put)
+    else:  # host batches, one by one, made and sent ahead in a thread, overlapping the calls
+        batches = DevicePrefetcher(feed.Groups(iterator, 1, steps), put, put_in_thread=True)
+    index = 0
     try:
-        for index, host_batch in enumerate(iterator):
-            if steps is not None and index >= steps:
-                break
-            batch, mask = distributor.arrays(host_batch)
-            cbs._call_batch("predict", "begin", index, None)
-            y_pred = predict_fn(model._state, source, batch)
-            keep = _host(mask).astype(bool)
-            outputs.append(jax.tree.map(lambda p, keep=keep: _host(p)[keep], y_pred))
-            cbs._call_batch("predict", "end", index, None)
+        with batches:
+            for calls, n in batches:
+                if index % k == 0:
+                    cbs._call_batch("predict", "begin", index, None)
+                for fn, batch, mask, real in calls:
+                    pending.append((fn(model._state, source, batch), real, mask))
+                if source is not None:
+                    batches.advance()
+                index += n
+                if index % k == 0:
+                    cbs._call_batch("predict", "end", index - 1, None)
+                if len(pending) >= feed.MAX_IN_FLIGHT:
+                    parts.extend(_to_host(pending))
+                    pending = []
+            if index % k:  # a last, short group
+                cbs._call_batch("predict", "end", index - 1, None)
+            parts.extend(_to_host(pending))
     finally:
         feed.close(iterator)
     cbs.on_predict_end()
-    if not outputs:
+    if not parts:
         raise ValueError("predict got no batch: the data is empty")
-    return jax.tree.map(lambda *parts: np.concatenate(parts), *outputs)
+    return jax.tree.map(lambda *p: np.concatenate(p), *parts)
+
+
+def _split_rows(group: list[Any], calls: int) -> list[list[int]]:
+    """Each call's batches' real row counts: one call for the whole group, or one each."""
+    rows = [int(np.shape(jax.tree.leaves(b)[0])[0]) for b in group]
+    return [rows] if calls == 1 else [[r] for r in rows]
+
+
+def _to_host(pending: list[tuple[Any, list[int], Any]]) -> list[Any]:
+    """The real rows of queued outputs: one device-to-host copy of them all.
+
+    With one process, padding sits after a batch's real rows (`pad_at_end`), so the first
+    `real` rows are kept; with several, each process's share is padded on its own and the
+    global mask says which rows are real.
+    """
+    if not pending:
+        return []
+    if jax.process_count() > 1:
+        out = []
+        for outputs, _, mask in pending:
+            keep = _host(mask).astype(bool).reshape(-1)
+            flat = jax.tree.map(lambda p, d=mask.ndim: _host(p).reshape(-1, *p.shape[d:]), outputs)
+            out.append(jax.tree.map(lambda p, keep=keep: p[keep], flat))
+        return out
+    hosts = jax.device_get([outputs for outputs, _, _ in pending])
+    out = []
+    for host, (_, real, mask) in zip(hosts, pending, strict=True):
+        if mask.ndim == 1:  # one batch
+            out.append(jax.tree.map(lambda p, n=real[0]: p[:n], host))
+        else:  # K stacked batches; missing ones (a short last group) have no real row
+            for i, n in enumerate(real):
+                out.append(jax.tree.map(lambda p, i=i, n=n: p[i, :n], host))
+    return out
 
 
 def _host(array: jax.Array) -> np.ndarray:

@@ -88,6 +88,13 @@ class Loss:
         raise NotImplementedError
 
     def __call__(self, y_true: Any, y_pred: Any) -> jax.Array:
+        if isinstance(y_pred, dict | list | tuple):
+            outputs = list(y_pred) if isinstance(y_pred, dict) else f"{len(y_pred)} outputs"
+            raise ValueError(
+                f"the model returns several outputs ({outputs}) but the loss {self.name!r} "
+                "takes one; compile with one loss per output, e.g. loss={'a': 'mse', 'b': "
+                "'mae'} for dict outputs or loss=['mse', 'mae'] for a tuple"
+            )
         return _per_example(_float32(self.call(jnp.asarray(y_true), _float32(y_pred))))
 
     def __repr__(self) -> str:
@@ -267,6 +274,25 @@ _BY_NAME: dict[str, type[Loss]] = {
 }
 
 
+def _from_keras(identifier: Any, kwargs: dict) -> Loss | None:
+    """A Keras 3 loss object, or a name only Keras knows (when keras is imported), as a
+    per-example `keras_bridge.losses.KerasLoss`; None for anything else."""
+    from phalanx._src.train import keras_bridge
+
+    if isinstance(identifier, str) and identifier.lower() not in _BY_NAME:
+        found = keras_bridge.keras_by_name("losses", identifier)
+        if found is not None and not kwargs and not isinstance(found, type) and callable(found):
+            return FunctionLoss(found)  # Keras's per-example function, e.g. 'huber'
+        if not keras_bridge.is_keras_object(found, "losses.Loss"):
+            return None
+        identifier = type(found)(**kwargs) if kwargs else found
+    elif not keras_bridge.is_keras_object(identifier, "losses.Loss"):
+        return None
+    from phalanx._src.train.keras_bridge.losses import KerasLoss
+
+    return KerasLoss(identifier)
+
+
 def get(identifier: str | Loss | LossFn, **kwargs: Any) -> Loss:
     """Resolves a Keras loss identifier to a `Loss`.
 
@@ -289,6 +315,9 @@ def get(identifier: str | Loss | LossFn, **kwargs: Any) -> Loss:
       >>> loss.name
       'sparse_categorical_crossentropy'
     """
+    keras_loss = _from_keras(identifier, kwargs)
+    if keras_loss is not None:
+        return keras_loss
     if isinstance(identifier, str):
         cls = _BY_NAME.get(identifier.lower())
         if cls is None:

@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from phalanx._src.strategy.strategy import Strategy, get_strategy
-from phalanx._src.train import losses as losses_lib
+from phalanx._src.train import keras_bridge, multi_output
 from phalanx._src.train import optimizers as optimizers_lib
 from phalanx._src.train import precision as precision_lib
 from phalanx._src.train.accumulation import accumulate_gradients
@@ -80,6 +80,8 @@ class Model:
         steps_per_execution: int | str = 1,
         gradient_accumulation_steps: int = 1,
         precision: str | precision_lib.Policy | None = None,
+        loss_weights: Any = None,
+        output_names: Sequence[str] | None = None,
     ) -> None:
         """Configures training, as `keras.Model.compile`.
 
@@ -88,14 +90,21 @@ class Model:
             'rmsprop') with Keras's defaults (see `phalanx.optimizers.get` for clipping and
             learning rates).
           loss: a Keras loss name, a `phalanx.losses` object, or `fn(y_true, y_pred)`
-            returning per-example losses.
-          metrics: Keras metric names ('accuracy', ...) or `phalanx.metrics` objects.
+            returning per-example losses; for a model with several outputs, a dict
+            `{output: loss}` or a list with one loss per output (see
+            `phalanx._src.train.multi_output`).
+          metrics: Keras metric names ('accuracy', ...) or `phalanx.metrics` objects; per
+            output, a dict `{output: [metrics]}` or a list with one entry per output
+            (logged as `{output}_{metric}`).
           steps_per_execution: K optimizer steps per compiled call (K batches in one
             `lax.scan`); batch-level callbacks then fire every K steps. 'auto' picks K.
           gradient_accumulation_steps: k batches per optimizer update; the update equals one
             step on the k batches together.
           precision: 'float32', 'mixed_bfloat16' or 'mixed_float16' (dynamic loss scaling);
             default: `phalanx.mixed_precision.global_policy()`.
+          loss_weights: per-output loss weights (a dict or list matching `loss`), or a
+            float for a single loss; the total loss is the weighted sum.
+          output_names: names for a tuple / list output (default `output_1`, ...).
 
         Raises:
           ValueError: for an unknown name or a non-positive step count.
@@ -109,14 +118,17 @@ class Model:
             _check_steps(steps_per_execution, "steps_per_execution")
         accumulation = _check_steps(gradient_accumulation_steps, "gradient_accumulation_steps")
         self.policy = precision_lib.get(precision)
-        self.loss = losses_lib.get(loss)
-        inner = optimizers_lib.get(optimizer)
+        with keras_bridge.keras_names(self.adapter.resolves_keras_names):
+            self.loss, metric_objects = multi_output.resolve(
+                loss, metrics, loss_weights, output_names, metrics_registry.get
+            )
+            inner = optimizers_lib.get(optimizer)
         tx = self.policy.wrap_optimizer(accumulate_gradients(inner, accumulation))
         self.optimizer = tx
         self.steps_per_execution = steps_per_execution
         self.gradient_accumulation_steps = accumulation
         self.loss_tracker = Mean(name="loss")
-        self.metrics = [metrics_registry.get(m, loss=self.loss) for m in (metrics or [])]
+        self.metrics = metric_objects
         names = [m.name for m in [self.loss_tracker, *self.metrics]]
         if len(set(names)) != len(names):
             raise ValueError(f"metric names must be unique, got {names}; pass name=... to one")
@@ -142,7 +154,7 @@ class Model:
             "opt": self.optimizer.init(params),
             "metrics": metrics_state,
         }
-        self._state = self.strategy.replicate(state)
+        self._state = self.strategy.place_train_state(state)
         self._compiled_fns.clear()
 
     # ---- state access ---------------------------------------------------------------------
@@ -178,7 +190,7 @@ class Model:
             params = self.policy.cast_to_param(params)
             self._state = {
                 **self._state,
-                **self.strategy.replicate({"params": params, "rest": rest}),
+                **self.strategy.place_train_state({"params": params, "rest": rest}),
             }
 
     @property
@@ -191,7 +203,7 @@ class Model:
     def learning_rate(self, value: float) -> None:
         self._check_compiled("learning_rate")
         opt = optimizers_lib.set_learning_rate(self._state["opt"], value)
-        self._state = {**self._state, "opt": self.strategy.replicate(opt)}
+        self._state = {**self._state, **self.strategy.place_train_state({"opt": opt})}
 
     def load_checkpoint(self, directory: str | Any, step: int | None = None) -> dict[str, Any]:
         """Restores the training state saved by `ModelCheckpoint` (or `BackupAndRestore`).
@@ -226,7 +238,10 @@ class Model:
         from phalanx._src.train import loop
 
         self._check_compiled("fit")
-        return loop.fit(self, x, y, **kwargs)
+        history = loop.fit(self, x, y, **kwargs)
+        # The user's own object (a Keras model's get_weights/save/evaluate) sees the result.
+        self.adapter.assign(self._state["params"], self._state["rest"])
+        return history
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> dict[str, float]:
         """Loss and metrics over a dataset, each example counted once; see `loop.evaluate`."""
@@ -241,6 +256,28 @@ class Model:
 
         self._check_compiled("predict")
         return loop.predict(self, x, **kwargs)
+
+    def summary(
+        self,
+        x: Any = None,
+        *,
+        input_shape: Any = None,
+        print_fn: Callable[[str], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Prints layers, output shapes, parameter counts and bytes, and each device's memory
+        for parameters plus optimizer state, as `keras.Model.summary`.
+
+        Output shapes need an input: `x` (a sample batch), `input_shape` (one example's
+        shape, without the batch axis), or else the first batch `fit` / `evaluate` saw. See
+        `phalanx._src.train.summary`.
+
+        Example:
+          >>> model.summary(input_shape=(784,))
+        """
+        from phalanx._src.train import summary
+
+        summary.print_summary(self, print_fn, x=x, input_shape=input_shape, **kwargs)
 
     # ---- hooks for the loop and the checkpoint callbacks ----------------------------------
     def _execution_k(self, steps_hint: int | None = None) -> int:

@@ -249,6 +249,9 @@ def get(
       0.0003
     """
     clip = _clipping(clipnorm, global_clipnorm, clipvalue)
+    keras_tx = _from_keras(identifier, learning_rate, kwargs)
+    if keras_tx is not None:
+        return keras_tx if clip is None else optax.chain(clip, keras_tx)
     if isinstance(identifier, optax.GradientTransformation):
         if learning_rate is not None or kwargs:
             raise ValueError(
@@ -287,6 +290,31 @@ def get(
 
     build.__signature__ = _signature(("learning_rate", *injected))  # type: ignore[attr-defined]
     return optax.inject_hyperparams(build)(learning_rate=lr, **numeric)
+
+
+def _from_keras(identifier: Any, learning_rate: Any, kwargs: dict) -> Any:
+    """A Keras 3 optimizer object, or a name only Keras knows (when keras is imported), as
+    optax through `keras_bridge.optimizer`; None for anything else."""
+    from phalanx._src.train import keras_bridge
+
+    if isinstance(identifier, str) and identifier.lower() not in _OPTIMIZERS:
+        found = keras_bridge.keras_by_name("optimizers", identifier)
+        if found is None:
+            return None
+        if learning_rate is not None:
+            kwargs = {**kwargs, "learning_rate": learning_rate}
+        identifier = type(found)(**kwargs)
+    elif not keras_bridge.is_keras_object(identifier, "optimizers.Optimizer"):
+        return None
+    elif learning_rate is not None or kwargs:
+        raise ValueError(
+            "learning_rate and optimizer arguments only apply to an optimizer given by name; "
+            "got them with a Keras optimizer object. Build it with them, e.g. "
+            "keras.optimizers.Adam(learning_rate=1e-3)"
+        )
+    from phalanx._src.train.keras_bridge.optimizer import from_keras
+
+    return from_keras(identifier)
 
 
 def _defaults(fn: Callable) -> dict[str, Any]:

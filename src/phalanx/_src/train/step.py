@@ -79,7 +79,13 @@ class Steps:
             loss_tracker.update_state(per_example * sw, mask)
         y_pred = jax.tree.map(lambda p: p.astype(jnp.float32), y_pred)
         for metric in others:
-            metric.update_state(y, y_pred, sample_weight=weight)
+            # Keras's per-output `{output}_loss` trackers (multi_output.OutputLoss) average as
+            # the loss tracker does, so they need the mask apart from the sample weights.
+            if hasattr(metric, "update_with_mask"):
+                if per_example is not None:
+                    metric.update_with_mask(y, y_pred, sw, mask)
+            else:
+                metric.update_state(y, y_pred, sample_weight=weight)
         return nnx.state([loss_tracker, *others])
 
     def train(self, state: dict, batch: Any, mask: jax.Array, may_be_empty: bool = False) -> dict:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from phalanx._src.train.adapters.keras_adapter import KerasAdapter
 from phalanx._src.train.adapters.nnx_adapter import NNXAdapter
 from phalanx._src.train.adapters.protocol import ModelAdapter
 
 # Tried in order; the first whose `accepts` says yes wraps the model. A new framework adds
 # its adapter class here and nothing else changes.
-ADAPTERS: tuple[type, ...] = (NNXAdapter,)
+ADAPTERS: tuple[type, ...] = (NNXAdapter, KerasAdapter)
 
 
 def adapt(model: Any) -> ModelAdapter:

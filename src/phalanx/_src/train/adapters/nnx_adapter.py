@@ -98,6 +98,8 @@ class NNXAdapter:
       >>> y, state = adapter.apply(params, state, x, training=True, mask=jnp.ones(len(x)))
     """
 
+    resolves_keras_names = False
+
     def __init__(self, model: Any) -> None:
         if not self.accepts(model):
             raise TypeError(f"NNXAdapter wraps an nnx.Module, got {type(model).__name__}")

@@ -28,9 +28,13 @@ class ModelAdapter(Protocol):
 
     Attributes:
       model: the user's model object (an `nnx.Module`, a `keras.Model`, ...).
+      resolves_keras_names: whether `compile` looks names phalanx does not know up in Keras.
     """
 
     model: Any
+    # Whether `compile` also looks up names phalanx does not know ('nadam', 'huber') in
+    # Keras for this model.
+    resolves_keras_names: bool
 
     def __init__(self, model: Any) -> None:
         """Wraps the user's model; raises TypeError with a clear message if it cannot."""

@@ -16,7 +16,10 @@ class BackupAndRestore(Callback):
     """Backs up the whole training state, and restores it when `fit` starts again.
 
     Keras's semantics: at the end of every epoch (or every `save_freq` steps) the model's
-    train state, the epoch and the data iterator's position are written to `backup_dir`.
+    train state, the epoch and the data iterator's position are written to `backup_dir`, in
+    the background while training goes on. When the job gets SIGTERM (a scheduler's stop or
+    preemption), every process backs up at the same step and exits with status 143; run
+    the same command again to resume from that step.
     When `fit` is called again with this callback after an interruption, it restores them
     and continues: a 10-epoch `fit` interrupted at the start of epoch 4 runs epochs 4..9.
     The data iterator resumes exactly where it was (for checkpointable sources such as
@@ -53,6 +56,8 @@ class BackupAndRestore(Callback):
         self._last_saved_steps = 0
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        if self._checkpointer is not None:  # the last fit was interrupted: finish its save
+            self._checkpointer.close()
         self._checkpointer = TrainCheckpointer(self.backup_dir, max_to_keep=1)
         self._saves = self._checkpointer.latest_step() or 0
         self._last_saved_steps = 0
@@ -86,6 +91,13 @@ class BackupAndRestore(Callback):
             self._last_saved_steps = steps
             state = feed.get_state() if feed.checkpointable else None
             self._save(self.model._fit_epoch, self.model._fit_steps_done + steps, False, state)
+
+    def save_now(self, steps: int, feed: Any) -> None:
+        """Backs up at this step boundary, `steps` into the epoch, and waits until it is on
+        disk (preemption: the process exits right after)."""
+        state = feed.get_state() if feed.checkpointable else None
+        self._save(self.model._fit_epoch, self.model._fit_steps_done + steps, False, state)
+        self._checkpointer.wait_until_finished()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         self._last_saved_steps = 0

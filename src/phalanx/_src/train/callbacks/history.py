@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from phalanx._src.train.callbacks.base import Callback
@@ -18,6 +19,7 @@ class History(Callback):
       >>> history = model.fit(x, y, epochs=2)
       >>> history.history["loss"], history.epoch
       ([0.31, 0.17], [0, 1])
+      >>> history.plot().savefig("curves.png")  # needs matplotlib (the `plot` extra)
     """
 
     def __init__(self) -> None:
@@ -35,3 +37,28 @@ class History(Callback):
         if self.model is not None:
             # Keras sets model.history after each epoch, so it is current even mid-fit.
             self.model.history = self
+
+    def plot(self, keys: Sequence[str] | None = None, title: str | None = None) -> Any:
+        """Draws the loss and every metric, training and validation, per epoch.
+
+        matplotlib is imported only here, so training never needs it.
+
+        Args:
+          keys: the metrics to draw (names without 'val_'); default: the loss and every
+            metric, leaving out the speed logs (examples/s, input wait, FLOP rate, MFU).
+          title: the figure's title.
+
+        Returns:
+          A `matplotlib.figure.Figure`, one panel per metric.
+
+        Raises:
+          ImportError: matplotlib is not installed (`pip install "phalanx[plot]"`).
+          ValueError: no epoch was recorded.
+
+        Example:
+          >>> figure = model.fit(x, y, epochs=3, validation_data=(xv, yv)).plot()
+          >>> figure.savefig("curves.png")
+        """
+        from phalanx._src.report.curves import plot_history
+
+        return plot_history(self.history, self.epoch, keys=keys, title=title)

@@ -77,6 +77,24 @@ def _accuracy_class(
     )
 
 
+def _from_keras(identifier: Any, loss: Any) -> Metric | None:
+    """A Keras 3 metric object, or a name only Keras knows (when keras is imported), as a
+    `keras_bridge.metrics.KerasMetric`; 'accuracy' for a Keras loss as Keras picks it; None
+    for anything else."""
+    from phalanx._src.train import keras_bridge
+
+    implied = getattr(loss, "implied_accuracy", None)  # a keras_bridge.losses.KerasLoss
+    if isinstance(identifier, str) and identifier.lower() in _ACCURACY and implied:
+        return _BY_NAME[implied](name=identifier)
+    if isinstance(identifier, str) and identifier.lower() not in (*_BY_NAME, *_ACCURACY):
+        identifier = keras_bridge.keras_by_name("metrics", identifier)
+    if not keras_bridge.is_keras_object(identifier, "metrics.Metric"):
+        return None
+    from phalanx._src.train.keras_bridge.metrics import KerasMetric
+
+    return KerasMetric(identifier)
+
+
 def get(
     identifier: str | Metric | Callable[[Any, Any], Any],
     loss: Any = None,
@@ -117,6 +135,9 @@ def get(
     """
     if isinstance(identifier, Metric):
         return identifier
+    keras_metric = _from_keras(identifier, loss)
+    if keras_metric is not None:
+        return keras_metric
     if isinstance(identifier, str):
         key = identifier.lower()
         if key in _ACCURACY:

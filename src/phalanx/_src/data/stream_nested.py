@@ -1,0 +1,262 @@
+"""Streaming nodes that change the nesting: batch / padded_batch, unbatch, flat_map, interleave.
+
+A cursor that is partway through one upstream element (a batch being unbatched, a dataset
+made by `flat_map`'s function) saves the upstream state from *before* that element plus its
+position inside it; restoring re-reads that one element and continues (see `stream`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from phalanx._src.data.plan import Key, Node
+from phalanx._src.data.stream import Stream, _Cursor, _get, call, open_node
+from phalanx._src.strategy.layout import ceil_split
+
+
+@dataclasses.dataclass(eq=False)
+class StreamBatch(Stream):
+    """Consecutive elements stacked into batches; with `pad`, padded to a common shape."""
+
+    parent: Node
+    size: int
+    drop_remainder: bool
+    pad: bool = False
+    padded_shapes: Any = None
+    padding_values: Any = None
+    split: tuple[int, int] | None = None  # (index, count): one process's rows
+
+    level = 1
+
+    def open(self, key: Key, state: dict | None) -> Any:
+        return _BatchCursor(self, key, state)
+
+    def stack(self, elements: list[Any]) -> Any:
+        leaves0, treedef = jax.tree.flatten(elements[0])
+        columns = [treedef.flatten_up_to(e) for e in elements]
+        shapes = self._shapes(treedef) if self.pad else [None] * len(leaves0)
+        values = self._values(treedef) if self.pad else [0] * len(leaves0)
+        out = []
+        for i, (shape, value) in enumerate(zip(shapes, values, strict=True)):
+            rows = [np.asarray(column[i]) for column in columns]
+            if not self.pad:
+                found = sorted({r.shape for r in rows})
+                if len(found) > 1:
+                    raise ValueError(
+                        f"batch() got elements of different shapes {found} in leaf {i}; use "
+                        "padded_batch() to pad them to a common shape"
+                    )
+                out.append(np.stack(rows))
+                continue
+            out.append(np.stack([self._pad(r, shape, value, rows) for r in rows]))
+        batch = treedef.unflatten(out)
+        if self.split is not None:
+            index, count = self.split
+            lo, hi = ceil_split(len(elements), count)[index]
+            batch = jax.tree.map(lambda a: a[lo:hi], batch)
+        return batch
+
+    def _shapes(self, treedef: Any) -> list[Any]:
+        if self.padded_shapes is None:
+            return [None] * treedef.num_leaves
+        return treedef.flatten_up_to(self.padded_shapes)
+
+    def _values(self, treedef: Any) -> list[Any]:
+        if self.padding_values is None or np.ndim(self.padding_values) == 0:
+            return [0 if self.padding_values is None else self.padding_values] * treedef.num_leaves
+        return treedef.flatten_up_to(self.padding_values)
+
+    @staticmethod
+    def _pad(row: np.ndarray, shape: Any, value: Any, rows: list[np.ndarray]) -> np.ndarray:
+        longest = [max(r.shape[d] for r in rows) for d in range(row.ndim)]
+        if shape is not None:
+            if len(shape) != row.ndim:
+                raise ValueError(
+                    f"padded_shapes entry {tuple(shape)} has {len(shape)} dimensions but the "
+                    f"element has {row.ndim} (shape {row.shape}); give one size (or None) per "
+                    "dimension"
+                )
+            longest = [
+                m if s is None or s == -1 else int(s) for s, m in zip(shape, longest, strict=True)
+            ]
+        if any(t < n for t, n in zip(longest, row.shape, strict=True)):
+            raise ValueError(
+                f"padded_batch: an element of shape {row.shape} is larger than the padded "
+                f"shape {tuple(longest)}; raise padded_shapes or use None to pad to the longest"
+            )
+        if row.ndim == 0:
+            return row
+        widths = [(0, t - n) for t, n in zip(longest, row.shape, strict=True)]
+        return np.pad(row, widths, constant_values=np.asarray(value, row.dtype))
+
+
+class _BatchCursor(_Cursor):
+    """State: the parent's, taken between batches (a batch is read all at once)."""
+
+    def __next__(self) -> Any:
+        elements = []
+        for _ in range(self.node.size):
+            try:
+                elements.append(next(self.parent))
+            except StopIteration:
+                break
+        if not elements or (self.node.drop_remainder and len(elements) < self.node.size):
+            raise StopIteration
+        return self.node.stack(elements)
+
+
+@dataclasses.dataclass(eq=False)
+class Unbatch(Stream):
+    parent: Node
+
+    level = 0
+
+    def open(self, key: Key, state: dict | None) -> Any:
+        return _UnbatchCursor(self, key, state)
+
+
+class _Inside:
+    """Shared by cursors that walk inside one upstream element at a time."""
+
+    def __init__(self, node: Any, key: Key, state: dict | None) -> None:
+        self.node, self.key = node, key
+        self.before = _get(state, "before", None)  # parent state before the current element
+        self.inner: Any = None
+        if state is not None and state["inner"] is not None:
+            self.parent = open_node(node.parent, key, self.before)
+            self.inner = self.enter(next(self.parent), state["inner"])
+        else:
+            self.parent = open_node(node.parent, key, _get(state, "parent", None))
+
+    def __next__(self) -> Any:
+        while True:
+            if self.inner is None:
+                self.before = self.parent.state()
+                self.inner = self.enter(next(self.parent), None)
+            try:
+                return next(self.inner)
+            except StopIteration:
+                self.inner = None
+
+    def state(self) -> dict:
+        if self.inner is None:
+            return {"parent": self.parent.state(), "before": None, "inner": None}
+        return {"parent": None, "before": self.before, "inner": self.inner.state()}
+
+    def enter(self, element: Any, state: dict | None) -> Any:
+        raise NotImplementedError
+
+
+class _Rows:
+    def __init__(self, batch: Any, row: int) -> None:
+        self.leaves, self.treedef = jax.tree.flatten(batch)
+        self.row = row
+        self.rows = len(self.leaves[0]) if self.leaves else 0
+
+    def __next__(self) -> Any:
+        if self.row >= self.rows:
+            raise StopIteration
+        self.row += 1
+        return self.treedef.unflatten([leaf[self.row - 1] for leaf in self.leaves])
+
+    def state(self) -> dict:
+        return {"row": self.row}
+
+
+class _UnbatchCursor(_Inside):
+    def enter(self, element: Any, state: dict | None) -> Any:
+        return _Rows(element, int(_get(state, "row")))
+
+
+def _dataset_cursor(fn: Callable[..., Any], element: Any, state: dict | None) -> Any:
+    from phalanx._src.data.dataset import Dataset
+
+    dataset = call(fn, element)
+    if not isinstance(dataset, Dataset):
+        raise TypeError(
+            f"the function must return a phalanx.data.Dataset, got {type(dataset).__name__}; "
+            "wrap arrays with Dataset.from_tensor_slices"
+        )
+    return open_node(dataset._node, (0,), state)
+
+
+@dataclasses.dataclass(eq=False)
+class FlatMap(Stream):
+    parent: Node
+    fn: Callable[..., Any]
+
+    def open(self, key: Key, state: dict | None) -> Any:
+        return _FlatMapCursor(self, key, state)
+
+
+class _FlatMapCursor(_Inside):
+    def enter(self, element: Any, state: dict | None) -> Any:
+        return _dataset_cursor(self.node.fn, element, state)
+
+
+@dataclasses.dataclass(eq=False)
+class Interleave(Stream):
+    """tf.data's interleave, transcribed from its sequential (deterministic) algorithm."""
+
+    parent: Node
+    fn: Callable[..., Any]
+    cycle_length: int
+    block_length: int
+
+    def open(self, key: Key, state: dict | None) -> Any:
+        return _InterleaveCursor(self, key, state)
+
+
+class _InterleaveCursor(_Cursor):
+    counters = ("cycle_index", "block_index", "end_of_input")
+
+    def __init__(self, node: Interleave, key: Key, state: dict | None) -> None:
+        super().__init__(node, key, state)
+        self.slots: list[Any] = [None] * node.cycle_length  # (before, cursor) or None
+        for i, saved in enumerate(_get(state, "slots", [None] * node.cycle_length)):
+            if saved is not None:
+                element = next(open_node(node.parent, key, saved["before"]))
+                cursor = _dataset_cursor(node.fn, element, saved["inner"])
+                self.slots[i] = (saved["before"], cursor)
+
+    def _advance_cycle(self) -> None:
+        self.block_index = 0
+        self.cycle_index = (self.cycle_index + 1) % self.node.cycle_length
+
+    def __next__(self) -> Any:
+        while not self.end_of_input or any(s is not None for s in self.slots):
+            slot = self.slots[self.cycle_index]
+            if slot is not None:
+                try:
+                    element = next(slot[1])
+                except StopIteration:
+                    self.slots[self.cycle_index] = None
+                    self._advance_cycle()
+                    continue
+                self.block_index += 1
+                if self.block_index == self.node.block_length:
+                    self._advance_cycle()
+                return element
+            if not self.end_of_input:
+                before = self.parent.state()
+                try:
+                    element = next(self.parent)
+                except StopIteration:
+                    self.end_of_input = 1
+                    continue
+                self.slots[self.cycle_index] = (
+                    before,
+                    _dataset_cursor(self.node.fn, element, None),
+                )
+            else:
+                self._advance_cycle()
+        raise StopIteration
+
+    def state(self) -> dict:
+        slots = [None if s is None else {"before": s[0], "inner": s[1].state()} for s in self.slots]
+        return {**super().state(), "slots": slots}

@@ -1,0 +1,1 @@
+"""Implementation; import from the public faces instead."""

@@ -1,0 +1,220 @@
+"""Keras 3 models (JAX backend) under the model protocol, through `stateless_call`.
+
+- **State.** `params` is the list of `model.trainable_variables`' values; `state` the list of
+  `model.non_trainable_variables`' values: BatchNormalization's moving statistics, every
+  `keras.random.SeedGenerator`'s state (Dropout, GaussianNoise...), other non-trainable
+  weights. Both are lists of arrays in Keras's order; `apply` is
+  `model.stateless_call(params, state, x, training=...)`, which returns the updated state.
+- **Batch statistics.** Under the data-parallel jit a BatchNormalization sees the global
+  batch, so its statistics are those of the global batch whatever the replica count. In
+  training mode every BatchNormalization (normalising the last axis) whose input is
+  batch-major receives the step's validity mask (Keras's `mask=` argument), so the padded
+  rows of a partial batch do not enter the mean and variance.
+- **Randomness.** SeedGenerator states advance every training step and are part of every
+  checkpoint; random bits do not depend on how the batch is sharded.
+- **Precision.** Keras's own policies (`keras.mixed_precision.set_global_policy`, a layer's
+  `dtype=`) are honoured as Keras honours them. phalanx's `precision='mixed_bfloat16'` (or
+  'mixed_float16') is applied, while tracing, to every layer whose policy is 'float32':
+  variables stay float32 and are cast for the computation (Keras's autocast), and
+  BatchNormalization keeps float32 statistics.
+- keras is imported only when a Keras model was already built, i.e. never by phalanx itself.
+
+Not carried: losses a layer adds with `add_loss` or `kernel_regularizer` (the protocol's
+forward pass returns outputs only); compile a loss that includes them instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from phalanx._src.train import precision
+from phalanx._src.train.keras_bridge import is_keras_object
+
+# The batch mask of the step being traced, read by the patched BatchNormalization.call.
+_BATCH_MASK: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar(
+    "phalanx_keras_batch_mask", default=None
+)
+
+
+def _keras() -> Any:
+    import keras  # optional dependency: imported only for a Keras model
+
+    return keras
+
+
+def _check_jax_backend() -> None:
+    backend = _keras().backend.backend()
+    if backend != "jax":
+        raise TypeError(
+            f"phalanx trains Keras models on the JAX backend, but keras runs on {backend!r}; "
+            "set KERAS_BACKEND=jax in the environment before keras is first imported"
+        )
+
+
+@contextlib.contextmanager
+def _masked_batch_norm(model: Any, mask: jax.Array | None) -> Iterator[None]:
+    """While tracing: every BatchNormalization class in `model` passes `mask` to its call.
+
+    The class, not the layer, is patched (and restored on exit): Keras layers track their
+    attributes, and the patched call reads the mask from a context variable, so a layer
+    called anywhere else (another thread, Keras's own fit) behaves exactly as before."""
+    if mask is None:
+        yield
+        return
+    keras = _keras()
+    classes = {
+        type(layer)
+        for layer in model._flatten_layers(include_self=False)
+        if isinstance(layer, keras.layers.BatchNormalization)
+    }
+    originals = {cls: cls.__dict__.get("call") for cls in classes}
+    for cls in classes:
+        base_call = cls.call
+
+        def call(self, inputs, training=None, mask=None, _base=base_call):
+            batch_mask = _BATCH_MASK.get()
+            if (
+                mask is None
+                and batch_mask is not None
+                and self.axis in (-1, len(inputs.shape) - 1)
+                and inputs.shape[:1] == batch_mask.shape
+            ):
+                mask = jnp.broadcast_to(
+                    (batch_mask > 0).reshape((-1,) + (1,) * (len(inputs.shape) - 2)),
+                    inputs.shape[:-1],
+                )
+            return _base(self, inputs, training=training, mask=mask)
+
+        cls.call = call
+    token = _BATCH_MASK.set(mask)
+    try:
+        yield
+    finally:
+        _BATCH_MASK.reset(token)
+        for cls, original in originals.items():
+            if original is None:
+                del cls.call
+            else:
+                cls.call = original
+
+
+@contextlib.contextmanager
+def _compute_dtype(model: Any, policy: Any) -> Iterator[None]:
+    """While tracing: layers on Keras's 'float32' policy follow phalanx's mixed `policy`."""
+    if policy is None or policy.compute_dtype == jnp.float32:
+        yield
+        return
+    switched = [
+        layer
+        for layer in model._flatten_layers(include_self=True)
+        if getattr(layer.dtype_policy, "name", None) == "float32"
+    ]
+    for layer in switched:
+        layer.dtype_policy = policy.name
+    try:
+        yield
+    finally:
+        for layer in switched:
+            layer.dtype_policy = "float32"
+
+
+class KerasAdapter:
+    """A Keras 3 model (JAX backend) as pure functions of `(params, state)`; see the module
+    docstring.
+
+    Example:
+      >>> adapter = KerasAdapter(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+      >>> adapter.set_policy(phalanx.mixed_precision.Policy("float32"))
+      >>> params, state = adapter.variables()
+      >>> y, state = adapter.apply(params, state, x, training=True, mask=jnp.ones(len(x)))
+    """
+
+    resolves_keras_names = True
+
+    def __init__(self, model: Any) -> None:
+        if not self.accepts(model):
+            raise TypeError(f"KerasAdapter wraps a keras.Model, got {type(model).__name__}")
+        _check_jax_backend()
+        if not model.built:
+            raise ValueError(
+                f"the Keras model {model.name!r} has no variables yet; build it before "
+                "phalanx.Model(...), e.g. start a Sequential with keras.Input(shape=...), or "
+                "call model.build(input_shape) / model(x) on one batch"
+            )
+        self.model = model
+        self._policy: Any = None
+        self._call_has_training = "training" in _call_arguments(model)
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        return is_keras_object(model, "Model")
+
+    def set_policy(self, policy: Any) -> None:
+        self._policy = policy
+
+    def variables(self) -> tuple[Any, Any]:
+        # Copies: the compiled steps donate their state, and the Keras variables keep theirs.
+        params = [jnp.array(v.value, copy=True) for v in self.model.trainable_variables]
+        state = [jnp.array(v.value, copy=True) for v in self.model.non_trainable_variables]
+        return params, state
+
+    def apply(
+        self, params: Any, state: Any, inputs: Any, *, training: bool, mask: jax.Array
+    ) -> tuple[Any, Any]:
+        # Before compile (a custom loop's step): the global policy, as Keras layers use theirs.
+        policy = self._policy if self._policy is not None else precision.get(None)
+        kwargs = {"training": training} if self._call_has_training else {}
+        inputs = policy.cast_to_compute(inputs)
+        with (
+            _compute_dtype(self.model, policy),
+            _masked_batch_norm(self.model, mask if training else None),
+        ):
+            outputs, new_state = self.model.stateless_call(
+                list(params), list(state), inputs, **kwargs
+            )
+        if not training:  # inference leaves every variable as it was (protocol)
+            return outputs, state
+        return outputs, list(new_state)
+
+    def assign(self, params: Any, state: Any) -> None:
+        # Host copies: Keras's own jitted functions then place them as they need.
+        for variable, value in zip(self.model.trainable_variables, params, strict=True):
+            variable.assign(np.asarray(jax.device_get(value)))
+        for variable, value in zip(self.model.non_trainable_variables, state, strict=True):
+            variable.assign(np.asarray(jax.device_get(value)))
+
+    def get_weights(self, params: Any, state: Any) -> list[np.ndarray]:
+        self.assign(params, state)
+        return [np.array(v.value) for v in self.model.weights]  # Keras's get_weights order
+
+    def set_weights(self, weights: Sequence[Any]) -> tuple[Any, Any]:
+        current = self.model.weights
+        if len(weights) != len(current):
+            raise ValueError(
+                f"set_weights got {len(weights)} arrays but the Keras model has "
+                f"{len(current)} weights; pass the list model.get_weights() returned"
+            )
+        for index, (variable, new) in enumerate(zip(current, weights, strict=True)):
+            if tuple(variable.shape) != np.shape(new):
+                raise ValueError(
+                    f"set_weights: weight {index} ({variable.path}) has shape {np.shape(new)} "
+                    f"where the model has {tuple(variable.shape)}; pass the list "
+                    "model.get_weights() returned"
+                )
+        self.model.set_weights(weights)
+        return self.variables()
+
+
+def _call_arguments(model: Any) -> set[str]:
+    try:
+        return set(inspect.signature(model.call).parameters)
+    except (TypeError, ValueError):
+        return {"training"}

@@ -1,0 +1,56 @@
+"""The persistent compilation cache: on in a chosen directory, off with one setting."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import phalanx
+from phalanx._src import compilation_cache
+
+
+@pytest.fixture
+def restore_cache_off():
+    yield
+    phalanx.set_compilation_cache(None)  # conftest's setting: tests write no cache
+
+
+def test_compiled_steps_are_written_to_the_chosen_directory(tmp_path, restore_cache_off):
+    phalanx.set_compilation_cache(tmp_path / "cache")
+    jax.jit(lambda x: jnp.sin(x) * 3.25)(jnp.ones(3)).block_until_ready()
+    assert any((tmp_path / "cache").iterdir())
+
+
+def test_off_writes_nothing(tmp_path, restore_cache_off):
+    phalanx.set_compilation_cache(tmp_path / "cache")
+    phalanx.set_compilation_cache(None)
+    jax.jit(lambda x: jnp.cos(x) * 4.5)(jnp.ones(3)).block_until_ready()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert not jax.config.jax_enable_compilation_cache
+
+
+@pytest.mark.parametrize("setting", ["0", "off", "False", ""])
+def test_environment_turns_it_off(monkeypatch, setting, restore_cache_off):
+    monkeypatch.setenv(compilation_cache.ENV, setting)
+    compilation_cache.configure_from_environment()
+    assert not jax.config.jax_enable_compilation_cache
+
+
+def test_environment_names_the_directory(monkeypatch, tmp_path, restore_cache_off):
+    monkeypatch.setenv(compilation_cache.ENV, str(tmp_path / "c"))
+    compilation_cache.configure_from_environment()
+    assert jax.config.jax_enable_compilation_cache
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "c")
+
+
+def test_default_directory_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert compilation_cache.default_directory() == tmp_path / "phalanx" / "jax"
+
+
+def test_a_file_is_not_a_cache_directory(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        phalanx.set_compilation_cache(path)

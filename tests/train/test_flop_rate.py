@@ -1,0 +1,115 @@
+"""FLOP rate and MFU in fit's epoch logs: XLA's count against a hand count, and the peaks."""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import phalanx
+from phalanx._src.train import flop_rate
+
+
+class Dense(nnx.Module):
+    """Fully connected ReLU layers of the given widths (logits out)."""
+
+    def __init__(self, widths, rngs):
+        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(widths)])
+
+    def __call__(self, x):
+        for layer in self.layers[:-1]:
+            x = jax.nn.relu(layer(x))
+        return self.layers[-1](x)
+
+
+def _fit(widths, steps_per_execution=1, steps=4):
+    strategy = phalanx.Strategy()
+    batch = 16 * strategy.num_replicas_in_sync
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * steps, widths[0])).astype(np.float32)
+    y = rng.integers(0, widths[-1], batch * steps).astype(np.int32)
+    with strategy.scope():
+        model = phalanx.Model(Dense(widths, nnx.Rngs(0)))
+        model.compile(
+            "adam",
+            phalanx.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=steps_per_execution,
+        )
+    history = model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    return model, history.history, batch
+
+
+def _params(widths):
+    return [a * b + b for a, b in itertools.pairwise(widths)]
+
+
+@pytest.mark.multidevice
+def test_seed_mlp_flops_match_a_hand_count():
+    widths = (784, 128, 10)
+    model, logs, batch = _fit(widths)
+    flops = model._compiled_fns["flops_per_step"]
+    params = _params(widths)
+    # Forward 2 flops per parameter per example, weight gradients 2 more, and the gradient
+    # with respect to each layer's input 2 more, except for the first layer: nothing
+    # differentiates the data. (The "6 x parameters" rule assumes every layer has it; here
+    # 99 % of the parameters sit in the first layer, so the exact count is ~4 x.)
+    hand = (4 * sum(params) + 2 * sum(params[1:])) * batch
+    assert flops == pytest.approx(hand, rel=0.2)
+    # The rate is the same steps over the same seconds as examples_per_second.
+    rate = logs["model_tflops_per_second"][0] * 1e12
+    assert rate / logs["examples_per_second"][0] == pytest.approx(flops / batch, rel=1e-6)
+    assert "mfu" not in logs  # no published peak for a CPU
+
+
+def test_six_times_parameters_rule_for_a_deep_mlp_with_steps_per_execution():
+    widths = (16, 256, 256, 256, 10)
+    model, logs, batch = _fit(widths, steps_per_execution=2)
+    flops = model._compiled_fns["flops_per_step"]
+    assert flops == pytest.approx(6 * sum(_params(widths)) * batch, rel=0.2)
+    rate = logs["model_tflops_per_second"][0] * 1e12
+    # Counted once per step, not once per compiled call of 2 steps.
+    assert rate / logs["examples_per_second"][0] == pytest.approx(flops / batch, rel=1e-6)
+
+
+def test_mfu_divides_by_the_peak_of_every_device(monkeypatch):
+    monkeypatch.setattr(flop_rate, "peak_tflops", lambda kind, dtype: 0.5)
+    _, logs, _ = _fit((8, 16, 4), steps=2)
+    devices = len(jax.devices())
+    expected = logs["model_tflops_per_second"][0] / (0.5 * devices)
+    assert logs["mfu"][0] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("kind", "dtype", "peak"),
+    [
+        ("TPU v4", "bfloat16", 275.0),
+        ("TPU v5 lite", "float32", 197.0),
+        ("TPU v5", "bfloat16", 459.0),
+        ("TPU v5p", "bfloat16", 459.0),
+        ("TPU v6 lite", "bfloat16", 918.0),
+        ("NVIDIA A100-SXM4-80GB", "float32", 156.0),
+        ("NVIDIA H100 80GB HBM3", "bfloat16", 989.0),
+        ("NVIDIA H100 PCIe", "float16", 756.0),
+        ("NVIDIA H200", "float32", 495.0),
+        ("cpu", "float32", None),
+    ],
+)
+def test_peak_table(kind, dtype, peak):
+    assert flop_rate.peak_tflops(kind, np.dtype(dtype) if dtype != "bfloat16" else dtype) == peak
+
+
+def test_any_source_gets_the_same_count_as_device_arrays():
+    widths = (8, 16, 4)
+    model, _, batch = _fit(widths, steps=2)
+    on_devices = model._compiled_fns["flops_per_step"]
+    model.compile("adam", phalanx.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(1)
+    batches = [
+        (rng.normal(size=(batch, 8)).astype(np.float32), np.zeros(batch, np.int32))
+        for _ in range(3)
+    ]
+    history = model.fit(iter(batches), epochs=1, verbose=0, device_data=False)
+    # Rows sent, or row numbers into on-device arrays (a gather: a few more flops).
+    assert model._compiled_fns["flops_per_step"] == pytest.approx(on_devices, rel=0.01)
+    assert history.history["model_tflops_per_second"][0] > 0
