@@ -51,6 +51,26 @@ fake devices, jax 0.10.2, 22:00-22:17 UTC. Keras 3.15 runs on 1 device only: Dat
 | 8 | 50 | fit | 177,351 | 154,481-177,351 | 0.90 | 171,706 | 0.87 | 2.20 |
 | 8 | 50 | fit+bar | 171,958 | 165,806-171,958 | 0.87 | 166,449 | 0.85 | 2.04 |
 
+Rerun on a quiet machine (load < 1, 22:43 UTC, `python benchmarks/bench_fit.py --no-keras`):
+
+| dev | K | variant | steady ex/s | range | / sol | whole-call ex/s | / sol | first step s |
+|---|---|---|---|---|---|---|---|---|
+| 1 | 1 | sol | 323,344 | 297,837-323,344 | 1.00 | 321,585 | 1.00 | 0.34 |
+| 1 | 1 | fit | 283,128 | 204,014-283,128 | 0.88 | 247,581 | 0.77 | 0.39 |
+| 1 | 1 | fit+bar | 304,184 | 270,324-304,184 | 0.94 | 260,833 | 0.81 | 0.38 |
+| 1 | 50 | sol | 399,663 | 383,733-399,663 | 1.00 | 399,725 | 1.00 | 0.50 |
+| 1 | 50 | fit | 387,414 | 350,535-387,414 | 0.97 | 381,258 | 0.95 | 1.64 |
+| 1 | 50 | fit+bar | 383,948 | 331,212-383,948 | 0.96 | 377,890 | 0.95 | 1.61 |
+| 8 | 1 | sol | 161,918 | 157,144-161,918 | 1.00 | 161,802 | 1.00 | 0.41 |
+| 8 | 1 | fit | 148,268 | 126,675-148,268 | 0.92 | 116,097 | 0.72 | 0.67 |
+| 8 | 1 | fit+bar | 153,342 | 112,411-153,342 | 0.95 | 120,291 | 0.74 | 0.69 |
+| 8 | 50 | sol | 212,223 | 176,918-212,223 | 1.00 | 212,226 | 1.00 | 0.72 |
+| 8 | 50 | fit | 179,766 | 146,229-179,766 | 0.85 | 174,607 | 0.82 | 2.25 |
+| 8 | 50 | fit+bar | 181,524 | 168,538-181,524 | 0.86 | 175,720 | 0.83 | 2.07 |
+
+On the quiet machine fit stays 3-15 % below the speed-of-light loop (about 0.45 ms of host
+work per K=1 step); the loaded runs above flattered fit at K=1.
+
 fit's whole-call rate at 8 devices pays for replicating the 160 MB dataset on every device
 at each `fit` call (`device_data`), ~0.3 s here. "first step" is the best over the rounds
 (later rounds reuse JAX's in-memory caches).

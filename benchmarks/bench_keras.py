@@ -15,8 +15,18 @@ a long run sees); "whole-call" includes each fit call's start-up. The table give
 round, the range, and phalanx / keras. Each device count
 runs in its own process (CPU: fake XLA devices; on a GPU host, the local GPUs).
 
-Results: see the note of the run that produced them (the machine is shared, so ratios are
-noisy).
+Results: `python benchmarks/bench_keras.py --rounds 3` on 2 CPU cores, XLA:CPU fake devices,
+jax 0.10.2, keras 3.15, a quiet machine (2026-11-22 22:38 UTC); best of 3 interleaved rounds:
+
+| dev | model | keras ex/s | range | phalanx ex/s | range | phalanx / keras | whole call |
+|---|---|---|---|---|---|---|---|
+| 1 | mlp | 307,937 | 281,584-307,937 | 287,972 | 245,426-287,972 | 0.94 | 0.59 |
+| 1 | cnn | 1,226 | 1,019-1,226 | 1,200 | 1,130-1,200 | 0.98 | 1.01 |
+| 8 | mlp | 128,364 | 114,769-128,364 | 139,650 | 116,440-139,650 | 1.09 | 0.52 |
+| 8 | cnn | 2,922 | 2,076-2,922 | 2,705 | 2,296-2,705 | 0.93 | 0.94 |
+
+The whole-call gap on the MLP is phalanx's fixed cost per `fit` call (placing the arrays on
+every device), paid once per call; the steady rate is what a long run sees.
 """
 
 from __future__ import annotations
