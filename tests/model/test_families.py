@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 
 import jax
 import numpy as np
 import pytest
 from families import FAMILIES, Family, per_example_loss
 from flax import nnx
+from lowered_ops import matmuls
 
 import phalanx
-from phalanx._src.strategy.distribute import BatchDistributor
 
 pytestmark = pytest.mark.multidevice
 
@@ -142,25 +141,11 @@ def test_resumes_bitwise_from_a_mid_epoch_backup(family, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def _matmuls(model: phalanx.Model, x, y) -> list[tuple[str, tuple[str, ...]]]:
-    """(op, operand dtypes) of every dot and convolution in the lowered train step."""
-    batch, mask = BatchDistributor(model.strategy, pad_at_end=True).arrays((x, y))
-    text = jax.jit(model.steps.train).lower(model._state, batch, mask).as_text()
-    found = []
-    for line in text.splitlines():
-        match = re.search(r"stablehlo\.(dot_general|convolution).*:\s*\((.*)\)\s*->", line)
-        if match:
-            found.append(
-                (match.group(1), tuple(re.findall(r"x(bf16|f16|f32|f64)>", match.group(2))))
-            )
-    return found
-
-
 @families
 def test_computes_in_bfloat16_under_the_mixed_policy(family):
     model = _model(family, precision="mixed_bfloat16")
     x, y = family.data(BATCH, 0)
-    ops = _matmuls(model, x, y)
+    ops = matmuls(model, (x, y))
     assert ops, "the train step has no dot or convolution"
     # A float32-only matmul is a layer the policy missed. The one float32 operand allowed is
     # the gradient of attention logits, which flax keeps in float32 (softmax stability).

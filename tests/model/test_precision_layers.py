@@ -1,16 +1,14 @@
 """Mixed precision reaches every standard Flax layer, including those whose dtype defaults to
 float32 (nnx.Embed); parameters, optimizer state, statistics and the loss stay float32."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from lowered_ops import matmuls
 
 import phalanx
-from phalanx._src.strategy.distribute import BatchDistributor
 
 pytestmark = pytest.mark.multidevice
 
@@ -54,37 +52,22 @@ def _compiled_model(precision):
     return model, tokens.astype(np.int32)
 
 
-def _matmuls(model, tokens):
-    """(op, operand dtypes, result dtype) of every dot and convolution the train step hands
-    to XLA. (XLA:CPU itself upcasts half-precision dots to float32 when it compiles them, as
-    this CPU has no bf16 units; TPUs and GPUs run them in half precision.)"""
-    batch, mask = BatchDistributor(model.strategy, pad_at_end=True).arrays((tokens, tokens))
-    text = jax.jit(model.steps.train).lower(model._state, batch, mask).as_text()
-    found = []
-    for line in text.splitlines():
-        match = re.search(r"stablehlo\.(dot_general|convolution).*:\s*\((.*)\)\s*->\s*(\S+)", line)
-        if match:
-            operands = tuple(re.findall(r"x(bf16|f16|f32|f64)>", match.group(2)))
-            found.append((match.group(1), operands, re.findall(r"x(\w+)>", match.group(3))[0]))
-    return found
-
-
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_no_float32_matmul_or_convolution_under_a_mixed_policy(precision):
     model, tokens = _compiled_model(precision)
-    ops = _matmuls(model, tokens)
-    assert {op for op, _, _ in ops} == {"dot_general", "convolution"}
+    ops = matmuls(model, (tokens, tokens))
+    assert {op for op, _ in ops} == {"dot_general", "convolution"}
     float32_only = [op for op in ops if set(op[1]) == {"f32"}]
     assert float32_only == [], float32_only
     # Every matmul reads half-precision data. The only float32 operand allowed is the
     # gradient of attention logits, which jax.nn.dot_product_attention deliberately keeps in
     # float32 (softmax stability); its forward product is half precision.
-    assert all(HALF[precision] in operands for _, operands, _ in ops)
+    assert all(HALF[precision] in operands for _, operands in ops)
 
 
 def test_float32_policy_computes_in_float32():
     model, tokens = _compiled_model("float32")
-    assert all(set(operands) == {"f32"} for _, operands, _ in _matmuls(model, tokens))
+    assert all(set(operands) == {"f32"} for _, operands in matmuls(model, (tokens, tokens)))
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
