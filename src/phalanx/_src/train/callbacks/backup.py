@@ -93,11 +93,13 @@ class BackupAndRestore(Callback):
             self._save(self.model._fit_epoch, self.model._fit_steps_done + steps, False, state)
 
     def save_now(self, steps: int, feed: Any) -> None:
-        """Backs up at this step boundary, `steps` into the epoch, and waits until it is on
-        disk (preemption: the process exits right after)."""
+        """Backs up at this step boundary, `steps` into the epoch, waits until it is on disk
+        and releases the writer's threads (preemption: the process exits right after, and a
+        thread still inside Orbax when Python shuts down aborts the process)."""
         state = feed.get_state() if feed.checkpointable else None
         self._save(self.model._fit_epoch, self.model._fit_steps_done + steps, False, state)
-        self._checkpointer.wait_until_finished()
+        checkpointer, self._checkpointer = self._checkpointer, None
+        checkpointer.close()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         self._last_saved_steps = 0
