@@ -27,6 +27,14 @@ jax 0.10.2, keras 3.15, a quiet machine (2026-11-22 22:38 UTC); best of 3 interl
 
 The whole-call gap on the MLP is phalanx's fixed cost per `fit` call (placing the arrays on
 every device), paid once per call; the steady rate is what a long run sees.
+
+One H100 80GB HBM3 (jax 0.11.2, keras 3.15.1; 2026-11-23 01:55 UTC):
+`python benchmarks/bench_keras.py --devices 1 --rounds 3`
+
+| dev | model | keras ex/s | range | phalanx ex/s | range | phalanx / keras | whole call |
+|---|---|---|---|---|---|---|---|
+| 1 | mlp | 1,073,932 | 855,431-1,073,932 | 2,753,720 | 1,670,304-2,753,720 | 2.56 | 1.23 |
+| 1 | cnn | 218,864 | 130,755-218,864 | 313,140 | 226,292-313,140 | 1.43 | 1.17 |
 """
 
 from __future__ import annotations

@@ -71,6 +71,15 @@ def test_a_peer_that_stops_posting_is_timed_from_its_last_post():
     assert said == [said[0]] and said[0].startswith("phalanx: process 1 of 3 stopped responding 21")
 
 
+def test_a_silent_process_0_is_named_as_the_coordinator():
+    # Its service lives on in a helper process (see service_host): only its counter stops.
+    client, clock, said = FakeClient(alive=[2]), Clock(), []
+    dog = _watchdog(client, clock, said, process_id=1)
+    clock.now += 21
+    assert not dog.check()
+    assert said[0].startswith("phalanx: process 0 of 3 (the coordinator) stopped responding 21 s")
+
+
 def test_an_unreachable_coordinator_is_reported_as_process_0(monkeypatch):
     monkeypatch.setattr("phalanx._src.cluster.watchdog._still_joined", lambda: True)
     client, clock, said = FakeClient(alive=[0, 2]), Clock(), []

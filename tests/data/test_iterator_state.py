@@ -166,3 +166,35 @@ def test_restore_property(n, batch, seed, cut, repeat):
     restored.set_state(roundtrip(state))
     assert [b.tolist() for _, b in zip(range(6), restored, strict=False)] == rest
     assert state["step"] == len(done)
+
+
+@pytest.mark.parametrize("kind", ["epochs", "repeat", "batch_repeat", "workers", "prefetch"])
+@pytest.mark.parametrize("count", [1, 4, 7])
+def test_next_many_yields_what_next_yields_and_states_go_back_exactly(kind, count):
+    one_by_one, together = iter(pipeline(kind)), iter(pipeline(kind))
+    seen, states = [], []
+    for _ in range(3):  # 21 elements: crosses the 5-row partial batch and the repetitions
+        got = together.next_many(count)
+        want = [next(one_by_one) for _ in range(len(got))]
+        for a, b in zip(got, want, strict=True):
+            for leaf_a, leaf_b in zip(a, b, strict=True):
+                np.testing.assert_array_equal(leaf_a, leaf_b)
+        seen += [b[1].tolist() for b in want]
+        states.append(together.get_state())
+        assert states[-1] == one_by_one.get_state()
+    # A state from `back` elements ago resumes right after the element it names.
+    back = min(count - 1, 2)
+    state = together.get_state(back=back)
+    resumed = iter(pipeline(kind))
+    resumed.set_state(roundtrip(state))
+    if back:
+        assert take(resumed, back) == seen[-back:]
+
+
+def test_next_many_ends_with_the_epoch_and_going_back_too_far_is_refused():
+    it = iter(pipeline("epochs"))  # 5 batches
+    assert len(it.next_many(4)) == 4
+    assert len(it.next_many(4)) == 1
+    assert it.next_many(4) == []
+    with pytest.raises(ValueError, match="cannot go back 6"):
+        it.get_state(back=6)

@@ -85,7 +85,10 @@ def test_steps_per_execution_equals_single_steps_and_compiles_once(all_devices, 
         np.testing.assert_allclose(a, b, atol=1e-5)
     for phase in ("train", "test"):
         assert fused._compiled_fns[(phase, True)]._cache_size() == 1
-        assert single._compiled_fns[(phase, False)]._cache_size() == 1
+    # Single training steps compile twice: without the mask for full batches, and with it
+    # for the partial last one (Steps.train); evaluation always takes the mask.
+    assert single._compiled_fns[("train", False)]._cache_size() == 2
+    assert single._compiled_fns[("test", False)]._cache_size() == 1
 
 
 def test_evaluate_is_the_one_device_number(one_device, all_devices):

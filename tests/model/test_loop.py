@@ -81,6 +81,29 @@ def test_feeding_variants_give_the_same_numbers(all_devices, variant):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_an_iterator_carried_over_epochs_gives_the_host_pipelines_numbers(all_devices, k):
+    # 5 batches an epoch from a repeating dataset of 100 rows (batches straddle the
+    # repetitions; K=2 leaves a short group): each next epoch's first table is read before
+    # the epoch ends, and validation runs in between.
+    x, y = make_data(100)
+    results = []
+    for device_data in (True, False):
+        model = build(all_devices, optimizer="adam", steps_per_execution=k)
+        ds = phalanx.data.Dataset.from_tensor_slices((x, y)).shuffle(100, seed=4)
+        history = model.fit(
+            ds.repeat().batch(24), epochs=3, steps_per_epoch=5, validation_data=(x, y),
+            verbose=0, device_data=device_data,
+        )  # fmt: skip
+        results.append((history.history, model.get_weights(), model.train_step_count))
+    (got, got_weights, got_steps), (want, want_weights, want_steps) = results
+    assert got_steps == want_steps == 15
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6)
+    for a, b in zip(got_weights, want_weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
     used = []
     real = feed.device_data.prepare

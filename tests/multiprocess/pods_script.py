@@ -52,7 +52,8 @@ class Signal(phalanx.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.model.train_step_count == self.at:
-            print(f"SIGNAL {self.sig} at step {self.at} t={time.time():.3f}", flush=True)
+            now, group = time.time(), os.getpgrp()  # the group: to check what outlives us
+            print(f"SIGNAL {self.sig} at step {self.at} t={now:.3f} group={group}", flush=True)
             for _ in range(self.times):
                 os.kill(os.getpid(), self.sig)
             time.sleep(self.pause)  # a multi-process sync point needs its peers' counters

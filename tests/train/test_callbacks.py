@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from phalanx import callbacks
+from phalanx._src.train.callbacks import live_bar
 from phalanx._src.train.callbacks.tensorboard import import_tensorboardx
 
 
@@ -291,7 +292,8 @@ def test_progbar_plain_line_per_epoch_when_not_a_terminal(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_progbar_live_bar_on_a_terminal():
+def test_progbar_live_bar_on_a_terminal(monkeypatch):
+    monkeypatch.setattr(live_bar, "REDRAW_SECONDS", 0.0)  # every update draws
     terminal = FakeTerminal()
     bar = callbacks.ProgbarLogger(stream=terminal)
     cbl = callbacks.CallbackList([bar], epochs=1, steps=4, verbose=1)
@@ -310,6 +312,20 @@ def test_progbar_live_bar_on_a_terminal():
     # When the epoch ends, the bar gives way to one plain summary line.
     assert frames[-1].startswith("Epoch 1/1 4/4 - ")
     assert text.endswith("loss: 1.0000 - val_loss: 2.0000\n")
+
+
+def test_the_live_bar_redraws_at_most_every_redraw_interval(monkeypatch):
+    monkeypatch.setattr(live_bar, "REDRAW_SECONDS", 3600.0)
+    terminal = FakeTerminal()
+    bar = live_bar.LiveBar(terminal, "Epoch 1/1", total=100, width=10)
+    made = []
+    for seen in range(1, 60):  # quick steps: only the first is drawn (and its text made)
+        bar.update(seen, lambda seen=seen: made.append(seen) or f"loss {seen}")
+    bar.update(100, "done")  # the last step always is
+    frames = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f) for f in terminal.getvalue().split("\r")]
+    assert made == [1]
+    assert any(" 1/100 " in f for f in frames) and any(" 100/100 " in f for f in frames)
+    assert not any(" 59/100 " in f for f in frames)
 
 
 def test_progbar_plain_lines_have_no_control_characters():

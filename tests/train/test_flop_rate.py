@@ -3,6 +3,7 @@
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -97,6 +98,8 @@ def test_mfu_divides_by_the_peak_of_every_device(monkeypatch):
 )
 def test_peak_table(kind, dtype, peak):
     assert flop_rate.peak_tflops(kind, np.dtype(dtype) if dtype != "bfloat16" else dtype) == peak
+    # The scalar types a policy or a user names (jnp.bfloat16) give the same peak.
+    assert flop_rate.peak_tflops(kind, getattr(jnp, dtype)) == peak
 
 
 def test_any_source_gets_the_same_count_as_device_arrays():

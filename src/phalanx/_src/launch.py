@@ -258,15 +258,18 @@ class _Tailer:
 
 
 def _kill_group(proc: subprocess.Popen) -> bool:
-    """SIGKILL the process group of a still-running process; True if it was running."""
-    if proc.poll() is not None:
-        return False
+    """SIGKILL a process's group; True if the process itself was still running.
+
+    The group goes even when its leader has exited: what it left behind (process 0's
+    coordination-service helper, see `cluster.service_host`) ends with the launch.
+    """
+    running = proc.poll() is None
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: takes its children along
-    except ProcessLookupError:
+    except ProcessLookupError:  # the leader and everything it started are gone
         return False
     proc.wait()
-    return True
+    return running
 
 
 def launch(

@@ -169,7 +169,8 @@ def resolve(
         PHALANX_INIT_TIMEOUT, else 60).
       heartbeat_timeout_seconds: seconds before a silent peer counts as dead; every survivor
         then prints `phalanx: process N of M stopped responding X s ago; ...` and exits
-        with status 75 (default PHALANX_HEARTBEAT_TIMEOUT, else 20; tests use ~10).
+        with status 75, process 0 included: it hosts JAX's coordination service in a helper
+        process that outlives it (default PHALANX_HEARTBEAT_TIMEOUT, else 20; tests use ~10).
       shutdown_timeout_seconds: seconds the exit barrier waits for peers (default
         PHALANX_SHUTDOWN_TIMEOUT, else 300).
 

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from phalanx._src.cluster.distributed import DistributedSettings
+from phalanx._src.cluster.service_host import hosted_outside
 from phalanx._src.cluster.watchdog import PeerWatchdog, StartupTimer
 
 
@@ -57,15 +58,18 @@ class JaxRuntime:
 
     def initialize_distributed(self, settings: DistributedSettings) -> None:
         """Join the multi-process job (blocks until all processes have joined), then watch the
-        peers for the life of the process (see `watchdog`)."""
+        peers for the life of the process (see `watchdog`). Process 0 hosts JAX's
+        coordination service in a helper process, so its death is reported rather than
+        aborting the others (see `service_host`)."""
         from jax._src import distributed as jax_distributed  # the client: no public handle
 
-        with StartupTimer(
+        timer = StartupTimer(
             settings.process_id,
             settings.num_processes,
             settings.coordinator_address,
             settings.initialization_timeout,
-        ):
+        )
+        with timer, hosted_outside():
             jax.distributed.initialize(**settings.initialize_kwargs())
         state = jax_distributed.global_state  # not jax.process_index(): no backend start yet
         PeerWatchdog(

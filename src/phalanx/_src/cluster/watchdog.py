@@ -9,7 +9,8 @@ C++ thread (SIGABRT, a stack trace, no Python line). A peer that never starts ma
 * `PeerWatchdog` runs for the life of the job. Every process posts a counter to JAX's
   coordination service (key-value store, no collective, no device work) about once a second
   and reads everyone's. A peer whose counter has not moved for the heartbeat timeout is
-  reported by name, and the process exits.
+  reported by name, and the process exits. Process 0 is no exception: the service runs in a
+  helper process that outlives it (see `service_host`), so only its counter stops.
 
 JAX's own timeouts are set `JAX_BACKSTOP_SECONDS` later than phalanx's (see
 `DistributedSettings.initialize_kwargs`), so phalanx's line always comes first, and JAX's
@@ -20,11 +21,12 @@ Exit status `PEER_LOST_STATUS` (75, EX_TEMPFAIL: "try again") tells schedulers t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PEER_LOST_STATUS = 75
@@ -166,6 +168,8 @@ class PeerWatchdog:
 
     def start(self) -> PeerWatchdog:
         """Start watching; also marks interpreter exit so JAX's own shutdown is not reported."""
+        global _ACTIVE
+        _ACTIVE = self
         start = self._clock()
         self._seen = {p: ("", start) for p in range(self.num_processes)}
         # atexit runs last-registered first: this runs before JAX's distributed shutdown.
@@ -176,6 +180,13 @@ class PeerWatchdog:
     def stop(self) -> None:
         """Stop watching (the thread ends within one interval)."""
         self._stop.set()
+
+    def await_verdict(self) -> None:
+        """Waits (at most the heartbeat timeout and two intervals) for the thread to find a
+        stopped peer, which ends the process; returns when none is found."""
+        deadline = self._clock() + self.timeout + 2 * self.interval
+        while self._thread.is_alive() and self._clock() < deadline:
+            self._thread.join(self.interval)
 
     def _at_exit(self) -> None:
         # Leave the job here rather than in JAX's own exit hook (which runs after this one),
@@ -208,7 +219,7 @@ class PeerWatchdog:
             if self.exiting or self._stop.is_set() or not _still_joined():
                 return False  # our own or JAX's orderly shutdown
             silent = self._clock() - max(t for _, t in self._seen.values())
-            self._die(lost_message(0, self.num_processes, silent, " (the coordinator)"))
+            self._die(lost_message(0, self.num_processes, silent, _role(0)))
             return False
         now = self._clock()
         for key, value in entries:
@@ -222,9 +233,38 @@ class PeerWatchdog:
         lost = [(now - t, p) for p, (_, t) in self._seen.items() if now - t > self.timeout]
         if lost and not self.exiting:
             silent, peer = max(lost)
-            self._die(lost_message(peer, self.num_processes, silent))
+            self._die(lost_message(peer, self.num_processes, silent, _role(peer)))
             return False
         return True
+
+
+_ACTIVE: PeerWatchdog | None = None  # this process's watchdog, once started
+
+
+@contextlib.contextmanager
+def peer_failures() -> Iterator[None]:
+    """Lets the watchdog name a dead peer before a failed collective's error propagates.
+
+    When a peer dies, the survivors' next collective (Gloo: "Connection reset by peer")
+    fails at once, long before the heartbeat timeout; without this, that error (and then
+    JAX's abort) would be all the user sees. With a watchdog running, the error waits for
+    its verdict: a stopped peer gets the `phalanx:` line and status 75; otherwise the error
+    propagates as it came.
+
+    Example:
+      >>> with peer_failures():
+      ...     model.fit(...)
+    """
+    try:
+        yield
+    except Exception:
+        if _ACTIVE is not None and not _ACTIVE.exiting:
+            _ACTIVE.await_verdict()
+        raise
+
+
+def _role(process_id: int) -> str:
+    return " (the coordinator)" if process_id == 0 else ""
 
 
 def _still_joined() -> bool:

@@ -376,7 +376,8 @@ class Dataset(DatasetOps):
         def change(node: plan.Node) -> plan.Node:
             return index_source if isinstance(node, plan.Source) else node
 
-        view = Dataset(plan.rebuild(self._node, change), self._prefetch)
+        # No threads: computing row numbers costs less than handing them over.
+        view = Dataset(plan.rebuild(self._node, change), 0)
         view._owner = self
         return view, source.treedef.unflatten(source.leaves)
 

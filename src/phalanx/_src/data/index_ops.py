@@ -11,6 +11,7 @@ import dataclasses
 import threading
 from typing import Any
 
+import jax
 import numpy as np
 
 from phalanx._src.data.plan import Key, Node, chain, concat, pick, rebuild
@@ -153,7 +154,28 @@ class Batch(Node):
         return positions
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
-        return [self.parent.get(key, self.rows(int(step))) for step in positions]
+        n = self.parent.length
+        if (
+            len(positions) > 1
+            and self.split is None
+            and (n is None or positions[-1] < n // self.size)
+        ):
+            # Full batches only: every batch's positions in one array operation.
+            rows = positions[:, None] * self.size + np.arange(self.size)
+            joined = self.parent.get(key, rows.reshape(-1))
+            leaves, treedef = jax.tree.flatten(joined)
+            shaped = [leaf.reshape(len(positions), self.size, *leaf.shape[1:]) for leaf in leaves]
+            return [treedef.unflatten([s[i] for s in shaped]) for i in range(len(positions))]
+        parts = [self.rows(int(step)) for step in positions]
+        if len(parts) <= 1:
+            return [self.parent.get(key, rows) for rows in parts]
+        # Many batches: one parent call for all their rows (index arithmetic is vectorised,
+        # a Python call per batch is not), then split.
+        joined = self.parent.get(key, np.concatenate(parts))
+        leaves, treedef = jax.tree.flatten(joined)
+        bounds = np.cumsum([len(rows) for rows in parts])[:-1]
+        pieces = [np.split(leaf, bounds) for leaf in leaves]
+        return [treedef.unflatten([p[i] for p in pieces]) for i in range(len(parts))]
 
 
 def seeds(root: Node) -> list[int]:

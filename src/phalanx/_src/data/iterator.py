@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
 
 from phalanx._src.data import index_ops, plan, stream
 
@@ -13,6 +17,14 @@ if TYPE_CHECKING:
 
 _STATE_KEYS = frozenset({"epoch", "step", "seeds"})
 _STREAM_STATE_KEYS = _STATE_KEYS | {"cursor"}  # a streaming pipeline's counters (stream.py)
+
+
+def take(iterator: Any, count: int) -> list[Any]:
+    """Up to `count` next items of `iterator`: with its `next_many` when it has one."""
+    many = getattr(iterator, "next_many", None)
+    if many is not None:
+        return many(count)
+    return list(itertools.islice(iterator, count))
 
 
 class DatasetIterator:
@@ -80,6 +92,31 @@ class DatasetIterator:
         self._step += 1
         return element
 
+    def next_many(self, count: int) -> list[Any]:
+        """Up to `count` next elements (fewer at the end of the epoch), computed together.
+
+        For a pipeline of index arithmetic over in-memory arrays (shuffle, repeat, batch...)
+        one call computes every element's rows at once: ~100x less Python per batch than
+        `next()`, which is what feeding row numbers to the devices needs (issue 9).
+
+        Example:
+          >>> it = iter(ds)
+          >>> batches = it.next_many(50)   # == [next(it) for _ in range(50)]
+        """
+        if self._streaming or self._inner is not None:
+            return list(itertools.islice(self, count))
+        length = self._node.length
+        stop = self._step + count if length is None else min(self._step + count, length)
+        if stop <= self._step:
+            self.close()
+            return []
+        steps = np.arange(self._step, stop, dtype=np.int64)
+        elements = self._node.get((self._epoch,), steps)
+        if self._node.level == 0:
+            elements = [jax.tree.map(lambda a, i=i: a[i], elements) for i in range(len(steps))]
+        self._step = stop
+        return list(elements)
+
     def _start_grain(self) -> Any:
         import grain  # Imported on first use: it costs about a second.
 
@@ -95,11 +132,17 @@ class DatasetIterator:
         options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer)
         return iter(source.to_iter_dataset(options))
 
-    def get_state(self) -> dict[str, Any]:
-        """The position: a small JSON-serialisable dict (epoch, step, shuffle seeds)."""
+    def get_state(self, back: int = 0) -> dict[str, Any]:
+        """The position: a small JSON-serialisable dict (epoch, step, shuffle seeds).
+
+        `back`: the position that many elements earlier in this epoch (for a consumer that
+        took several elements with `next_many` and uses them one by one).
+        """
+        if not 0 <= back <= self._step or (back and self._streaming):
+            raise ValueError(f"cannot go back {back} elements from step {self._step}")
         state = {
             "epoch": self._epoch,
-            "step": self._step,
+            "step": self._step - back,
             "seeds": [int(s) for s in index_ops.seeds(self._node)],
         }
         if self._streaming:

@@ -94,6 +94,9 @@ def check_batch(batch: Any) -> tuple[list[np.ndarray], Any, int]:
     )
 
 
+_BARE = jax.tree.structure(0)  # a batch that is one bare array
+
+
 def _pad(array: Any, index: np.ndarray | None, slots: int) -> Any:
     if index is None:
         return array
@@ -131,6 +134,7 @@ class BatchDistributor:
         self.pad_at_end = pad_at_end
         self.per_replica: int | None = None
         self._full_mask: jax.Array | None = None  # reused: most batches are full
+        self._full: np.ndarray | None = None  # its local rows: all True
         if global_batch_size is not None:
             replicas = strategy.num_replicas_in_sync
             if drop_remainder and global_batch_size % replicas:
@@ -145,18 +149,32 @@ class BatchDistributor:
 
     def _local(self, batch: Any) -> tuple[list[Any], np.ndarray, Any]:
         """This process's padded rows of `batch`: (leaves, mask, treedef)."""
+        full = self._full
+        if isinstance(batch, np.ndarray) and full is not None and batch.shape[:1] == full.shape:
+            return [batch], full, _BARE  # a full batch of one array (row numbers): no padding
         leaves, treedef, rows = check_batch(batch)
         local = self.strategy.num_local_replicas
         if self.per_replica is None:
             self.per_replica = self._agree(layout.rows_per_replica(rows, local))
         slots = local * self.per_replica
+        if self._full is None:
+            self._full = np.ones(slots, dtype=bool)
         if rows == slots:
-            return leaves, np.ones(slots, dtype=bool), treedef
+            return leaves, self._full, treedef
         if self.pad_at_end:
             index, mask = layout.padded_index(rows, 1, slots)
         else:
             index, mask = layout.padded_index(rows, local, self.per_replica)
         return [_pad(leaf, index, slots) for leaf in leaves], mask, treedef
+
+    def is_full(self, batch: Any) -> bool:
+        """Whether `batch`, already distributed once, filled every slot: in one process, a
+        step can then be compiled without its mask (every process must agree on that, and
+        only one process knows it has no padding)."""
+        if jax.process_count() > 1 or self.per_replica is None:
+            return False
+        slots = self.strategy.num_local_replicas * self.per_replica
+        return int(np.shape(jax.tree.leaves(batch)[0])[0]) == slots
 
     def _agree(self, per_replica: int) -> int:
         """The largest of every process's `per_replica`, so all build the same global shape.
@@ -215,17 +233,63 @@ class BatchDistributor:
         """
         if not 1 <= len(batches) <= k:
             raise ValueError(f"stacked() takes 1 to {k} batches, got {len(batches)}")
+        leaves, mask, treedef = self._stack_local(batches, k)
+        return self._global_tree(leaves, mask, treedef, (k,))
+
+    def table(self, entries: list[list[Any]], k: int | None, length: int) -> tuple[Any, jax.Array]:
+        """The inputs of `length` calls as one array per leaf, sent to the devices at once.
+
+        Entry i holds call i's host batches: one batch (`k=None`: a `(rows, ...)` input) or
+        up to `k` (a `(k, rows, ...)` input, as `stacked`). Calls past `len(entries)` are all
+        padding, so tables of fewer calls keep the shape and nothing recompiles.
+
+        Example:
+          >>> batch, mask = distributor.table([[rows0], [rows1]], None, 4)  # (4, rows)
+
+        Returns:
+          `(batch, mask)` with a leading `(length,)` axis, sharded on the rows axis.
+        """
+        if not 1 <= len(entries) <= length:
+            raise ValueError(f"table() takes 1 to {length} calls, got {len(entries)}")
+        if k is None:
+            locals_ = [self._local(entry[0]) for entry in entries]
+        else:
+            locals_ = [self._stack_local(entry, k) for entry in entries]
+        leaves0, _, treedef = locals_[0]
+        leaves = [
+            _stack_padded([local[0][i] for local in locals_], length) for i in range(len(leaves0))
+        ]
+        mask = _stack_padded([local[1] for local in locals_], length, fill=False)
+        return self._global_tree(leaves, mask, treedef, (length,) if k is None else (length, k))
+
+    def _stack_local(self, batches: list[Any], k: int) -> tuple[list[np.ndarray], np.ndarray, Any]:
+        """This process's `(k, slots, ...)` leaves, `(k, slots)` mask and treedef of up to
+        `k` batches; missing ones are all padding."""
         locals_ = [self._local(batch) for batch in batches]
         leaves0, _, treedef = locals_[0]
         empty = [np.zeros((0, *np.shape(x)[1:]), np.asarray(x).dtype) for x in leaves0]
         locals_ += [self._local(jax.tree.unflatten(treedef, empty))] * (k - len(batches))
-        sharding = NamedSharding(self.strategy.mesh, P(None, self.strategy.axis_name))
-        arrays = [
-            self._global(np.stack([np.asarray(local[0][i]) for local in locals_]), sharding, (k,))
-            for i in range(len(leaves0))
+        leaves = [
+            np.stack([np.asarray(local[0][i]) for local in locals_]) for i in range(len(leaves0))
         ]
-        mask = self._global(np.stack([local[1] for local in locals_]), sharding, (k,))
-        return jax.tree.unflatten(treedef, arrays), mask
+        return leaves, np.stack([local[1] for local in locals_]), treedef
+
+    def _global_tree(
+        self, leaves: list[np.ndarray], mask: np.ndarray, treedef: Any, leading: tuple[int, ...]
+    ) -> tuple[Any, jax.Array]:
+        """Global arrays of local `(*leading, slots, ...)` leaves, sharded on the rows axis."""
+        axes = (*([None] * len(leading)), self.strategy.axis_name)
+        sharding = NamedSharding(self.strategy.mesh, P(*axes))
+        arrays = [self._global(leaf, sharding, leading) for leaf in leaves]
+        return jax.tree.unflatten(treedef, arrays), self._global(mask, sharding, leading)
+
+
+def _stack_padded(parts: list[Any], length: int, fill: Any = 0) -> np.ndarray:
+    """`parts` stacked on a new first axis, with `length - len(parts)` filler entries."""
+    first = np.asarray(parts[0])
+    out = np.full((length, *first.shape), fill, dtype=first.dtype)
+    out[: len(parts)] = parts
+    return out
 
 
 class DistributedDataset:

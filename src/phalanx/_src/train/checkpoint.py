@@ -7,12 +7,15 @@ steps done in it, the data iterator's position). Orbax writes into a temporary d
 and renames it when complete, so an interrupted save (a kill mid-write) never leaves a
 checkpoint that looks whole: the previous one stays the newest.
 
-Saves are asynchronous: `save` only queues a copy of the state made on the devices (so the
-next training step may overwrite the original) and returns; one background thread per
-process hands the copies to Orbax in order, and Orbax writes the files while training goes
-on. A checkpointer has at most one save in progress: a new save first waits for the previous
-one, so device memory holds at most one extra copy. The thread is shared, so the saves of
-every checkpointer reach Orbax's cross-process barriers in the same order on every process.
+Saves are asynchronous: `save` only queues one compiled call that copies the state on the
+devices, its replicated leaves packed into one vector per dtype (`checkpoint_layout`: the
+next training step may then overwrite the original, and Orbax, whose CPU cost grows with
+the number of arrays, writes two or three arrays instead of every leaf), and returns. One
+background thread per process hands the copies to Orbax in order, and Orbax writes the
+files while training goes on. A checkpointer has at most one save in progress: a new save
+first waits for the previous one, so device memory holds at most one extra copy. The thread
+is shared, so the saves of every checkpointer reach Orbax's cross-process barriers in the
+same order on every process.
 Every process calls `save` and `restore` (they are collective in a multi-process job): each
 process writes the shards it holds (replicated arrays once), process 0 commits the
 checkpoint after all processes have finished writing, and old checkpoints are deleted only
@@ -31,16 +34,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
+
+from phalanx._src.train.checkpoint_layout import Layout
 
 if TYPE_CHECKING:
     from phalanx._src.train.model import Model
-
-
-def _abstract(state: Any) -> Any:
-    return jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state
-    )
 
 
 class _Writer:
@@ -137,6 +135,7 @@ class TrainCheckpointer:
         )
         self._asynchronous = asynchronous
         self._pending: concurrent.futures.Future | None = None
+        self._layout: tuple[Any, Layout, dict[str, Any]] | None = None
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's number, or None."""
@@ -153,15 +152,21 @@ class TrainCheckpointer:
           Exception: the previous background save's error, if it failed.
         """
         self.wait_until_finished()  # at most one save in progress (one extra state copy)
+        leaves, treedef = jax.tree.flatten(model._state)
+        key = (treedef, tuple((a.shape, a.dtype, a.sharding) for a in leaves))
+        if self._layout is None or self._layout[0] != key:
+            layout = Layout.of(model._state)
+            self._layout = (key, layout, layout.describe())
+        _, layout, description = self._layout
+        # New buffers, queued on the devices: the next step donates (overwrites) the state's.
+        args = self._args(layout.pack(leaves), {"record": dict(record), "layout": description})
         if jax.process_count() > 1:
             # Orbax's barriers must reach every process in one order: save from this thread
             # (Orbax still writes in its own thread); see `_use_coordination_barriers`.
-            self._manager.save(step, args=self._args(model._state, record), force=True)
+            self._manager.save(step, args=args, force=True)
             if wait or not self._asynchronous:
                 self._manager.wait_until_finished()
             return
-        # A copy on the devices: the next step donates (overwrites) the state's buffers.
-        args = self._args(jax.tree.map(jnp.copy, model._state), record)
 
         def write() -> None:
             self._manager.save(step, args=args, force=True)
@@ -174,11 +179,9 @@ class TrainCheckpointer:
         if wait:
             self.wait_until_finished()
 
-    def _args(self, state: Any, record: dict[str, Any]) -> Any:
+    def _args(self, arrays: dict[str, jax.Array], meta: dict[str, Any]) -> Any:
         ocp = self._ocp
-        return ocp.args.Composite(
-            state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(dict(record))
-        )
+        return ocp.args.Composite(state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta))
 
     def wait_until_finished(self) -> None:
         """Blocks until the save in progress, if any, is on disk and committed.
@@ -201,15 +204,12 @@ class TrainCheckpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(_abstract(model._state)),
-                record=ocp.args.JsonRestore(),
-            ),
-        )
-        model._state = restored["state"]
-        return dict(restored["record"])
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        layout = Layout.from_description(meta["meta"]["layout"])
+        target = ocp.args.StandardRestore(layout.abstract(model._state))
+        arrays = self._manager.restore(step, args=ocp.args.Composite(state=target))["state"]
+        model._state = layout.unpack(arrays, model._state)
+        return dict(meta["meta"]["record"])
 
     def delete_all(self) -> None:
         """Removes every checkpoint (BackupAndRestore after a finished run)."""

@@ -265,6 +265,8 @@ class _Watched:
         return batch
 
     def __getattr__(self, name: str) -> Any:  # get_state, set_state, close, checkpointable
+        if name == "next_many":  # every batch goes through __next__, to be checked
+            raise AttributeError(name)
         return getattr(self._iterator, name)
 
 

@@ -2,10 +2,10 @@
 
 For a phalanx Dataset that only rearranges in-memory rows (shuffle, batch, repeat...), the
 loop puts the source arrays on every device once and iterates the same pipeline over row
-*numbers* (`Dataset.row_indices`); each compiled step gathers its batch on the devices. Per
-step the host then sends a few kilobytes of indices instead of the batch, and the device
-never waits for host copies. The batches, their order, the padding and the iterator state
-are exactly those of the host pipeline.
+*numbers* (`Dataset.row_indices`); each compiled step gathers its batch on the devices. The
+host sends the numbers of many steps in one copy (`execution.Table`) instead of the
+batches, and the device never waits for host copies. The batches, their order, the padding
+and the iterator state are exactly those of the host pipeline.
 
 Used when the arrays fit: `device_data='auto'` caches up to a quarter of a device's memory
 (512 MiB where the memory size is unknown, as on CPU).

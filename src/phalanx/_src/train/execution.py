@@ -9,12 +9,15 @@ every K steps. Either way the model never runs slower than with K = 1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.step import scanned
@@ -39,38 +42,72 @@ def _with_source(step: Callable, source: Any) -> Callable:
     return lambda state, rows, mask: step(state, jax.tree.map(lambda a: a[rows], source), mask)
 
 
-def _jit_phase(model: Model, phase: str, many: bool) -> Callable:
+def _pick(batch: Any, mask: jax.Array, cursor: jax.Array | None) -> tuple[Any, jax.Array]:
+    """The call's input: `(batch, mask)` itself, or entry `cursor` of a `Table`'s arrays."""
+    if cursor is None:
+        return batch, mask
+    pick = functools.partial(lax.dynamic_index_in_dim, index=cursor, keepdims=False)
+    return jax.tree.map(pick, batch), None if mask is None else pick(mask)
+
+
+def metric_leaves(treedef: Any) -> int:
+    """How many of the state's leaves are metric sums: the first ones (a dict flattens in
+    key order, and "metrics" sorts first)."""
+    return treedef.children()[0].num_leaves
+
+
+def _next(cursor: jax.Array | None) -> jax.Array | None:
+    return None if cursor is None else cursor + 1
+
+
+def _jit_phase(model: Model, phase: str, many: bool, treedef: Any) -> Callable:
+    """The phase's compiled call on the state's leaves (see `Model._state`).
+
+    Train: `(leaves, source, batch, mask, cursor) -> (leaves, logs, cursor)`, the leaves
+    donated. Test: `(metric leaves, other leaves, source, batch, mask, cursor) -> (metric
+    leaves, logs, cursor)`, only the metric sums donated. `cursor` is None for a batch given
+    directly, or the device-side index of the call's entry in a `Table`.
+    """
     steps = model.steps
     repl = model.strategy.replicated_sharding
 
-    def run(step: Callable, state: dict, source: Any, batch: Any, mask: jax.Array) -> dict:
+    def run(step: Callable, leaves: list, source: Any, batch: Any, mask: Any, cursor: Any):
+        state = jax.tree.unflatten(treedef, leaves)
+        batch, mask = _pick(batch, mask, cursor)
         one = _with_source(step, source)
-        return (scanned(one, unroll=False) if many else one)(state, batch, mask)
+        state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
+        logs = log_values(steps.metrics_graphdef, state["metrics"])
+        return state, logs
 
     if phase == "train":
-        # Only a scan pads a short group with empty steps, which must change nothing.
-        train = functools.partial(steps.train, may_be_empty=many)
 
-        def call(state, source, batch, mask):
-            state = run(train, state, source, batch, mask)
-            return state, log_values(steps.metrics_graphdef, state["metrics"])
+        def call(leaves, source, batch, mask, cursor):
+            state, logs = run(steps.train, leaves, source, batch, mask, cursor)
+            out, out_def = jax.tree.flatten(state)
+            if out_def != treedef:
+                raise TypeError(f"the train step changed the state's structure: {out_def}")
+            return out, logs, _next(cursor)
 
         # The state keeps its layout: replicated, or sharded by Strategy(state_sharding=...).
-        state_shardings = model.strategy.train_state_shardings(model._state)
-        return jax.jit(call, donate_argnums=0, out_shardings=(state_shardings, repl))
+        state = model._state
+        prefix = model.strategy.train_state_shardings(state)
+        shardings = treedef.flatten_up_to(jax.tree.broadcast(prefix, state))
+        return jax.jit(call, donate_argnums=0, out_shardings=(shardings, repl, repl))
 
-    def call_test(metrics, frozen, source, batch, mask):
-        state = run(steps.test, {**frozen, "metrics": metrics}, source, batch, mask)
-        return state["metrics"], log_values(steps.metrics_graphdef, state["metrics"])
+    def call_test(metrics, others, source, batch, mask, cursor):
+        state, logs = run(steps.test, [*metrics, *others], source, batch, mask, cursor)
+        return jax.tree.leaves(state["metrics"]), logs, _next(cursor)
 
-    return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl))
+    return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl, repl))
 
 
-def compiled(model: Model, phase: str, many: bool) -> Callable:
+def compiled(model: Model, phase: str, many: bool, treedef: Any) -> Callable:
+    """The phase's compiled call for a state of structure `treedef` (cached on the model)."""
     key = (phase, many)
     fn = model._compiled_fns.get(key)
-    if fn is None:
-        fn = model._compiled_fns[key] = _jit_phase(model, phase, many)
+    if fn is None or model._compiled_fns.get(("treedef", *key)) != treedef:
+        fn = model._compiled_fns[key] = _jit_phase(model, phase, many, treedef)
+        model._compiled_fns[("treedef", *key)] = treedef
     return fn
 
 
@@ -88,8 +125,45 @@ def choose_mode(model: Model, source: Any, batch: Any, mask: jax.Array) -> str:
     return mode
 
 
+@dataclasses.dataclass(eq=False)
+class Table:
+    """The inputs of up to `calls` compiled calls, on the devices at once (see `Runner`)."""
+
+    batch: Any  # (calls, rows) or (calls, K, rows) row numbers
+    mask: jax.Array
+    zero: jax.Array  # the cursor of the table's first call
+
+
+@dataclasses.dataclass(frozen=True)
+class FromTable:
+    """The next `calls` calls of `table`: a group of `batches` batches (`full`: no padding)."""
+
+    table: Table
+    calls: int
+    batches: int
+    full: bool = False
+
+
+def _zero(model: Model) -> jax.Array:
+    """A replicated int32 0, made once on the devices (the calls never donate a cursor)."""
+    zero = model._compiled_fns.get("zero")
+    if zero is None:
+        repl = model.strategy.replicated_sharding
+        zero = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=repl)()
+        model._compiled_fns["zero"] = zero
+    return zero
+
+
 class Runner:
-    """Turns groups of host batches into device inputs and runs them for one phase."""
+    """Turns groups of host batches into device inputs and runs them for one phase.
+
+    Batches of device-resident data are row numbers. They go to the devices as a `Table`,
+    `TABLE_STEPS` steps' worth at once, and each compiled call reads its entry at a cursor
+    that lives on the devices and comes back advanced: per call, nothing crosses from the
+    host (a host-to-device copy per step was half of fit's overhead on an H100, issue 9).
+    """
+
+    TABLE_STEPS = 128
 
     def __init__(
         self, model: Model, phase: str, k: int, distributor: BatchDistributor, source: Any = None
@@ -100,18 +174,73 @@ class Runner:
         self.distributor = distributor
         self.source = source  # on-device arrays the batches index into, or None
         self.mode: str | None = None if k > 1 else LOOP
+        self._table: Table | None = None
+        self._cursor: jax.Array | None = None
+        self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state treedef, call)
+        if phase != "train":
+            self._metric_leaves = metric_leaves(model._state_leaves()[1])
 
-    def put(self, group: list[Any]) -> tuple[str, Any, int]:
-        """Device input for a group of up to K host batches (runs in the consumer thread)."""
+    def prepare(self, group: list[Any]) -> None:
+        """Chooses the mode (SCAN or LOOP) on the phase's first group, once."""
+        if self.mode is None:
+            self.mode = self.model._compiled_fns.get("mode")
         if self.mode is None:
             batch, mask = self.distributor.arrays(group[0])
             self.mode = choose_mode(self.model, self.source, batch, mask)
-            if self.mode == LOOP:
-                rest = [self.distributor.arrays(b) for b in group[1:]]
-                return LOOP, [(batch, mask), *rest], len(group)
-        if self.mode == SCAN:
-            return SCAN, self.distributor.stacked(group, self.k), len(group)
-        return LOOP, [self.distributor.arrays(b) for b in group], len(group)
+
+    def put(self, group: list[Any]) -> tuple[str, Any, int]:
+        """Device input for a group of up to K host batches (runs in the consumer thread)."""
+        self.prepare(group)
+        if self._scans(group):
+            batch, mask = self.distributor.stacked(group, self.k)
+            return SCAN, (batch, None if self._full([group]) else mask), len(group)
+        calls = [self.distributor.arrays(b) for b in group]
+        if self.mode == LOOP:  # (a short group of a scan keeps its masks: one compilation)
+            full = [self._full([[b]]) for b in group]
+            calls = [(b, None if f else m) for (b, m), f in zip(calls, full, strict=True)]
+        return LOOP, calls, len(group)
+
+    def _full(self, groups: list[list[Any]]) -> bool:
+        """Whether training may drop the mask of these batches' calls (`Steps.train`)."""
+        return self.phase == "train" and all(
+            self.distributor.is_full(b) for group in groups for b in group
+        )
+
+    def _scans(self, group: list[Any]) -> bool:
+        """Whether `group` runs as one scan. A short group (the end of an epoch) would need
+        filler steps; evaluation's add nothing, but an optimizer step always moves (Adam's
+        moments decay), and skipping it costs a conditional that an accelerator resolves on
+        the host, every step (3x slower scans on an H100). So training runs it as single
+        steps."""
+        return self.mode == SCAN and (len(group) == self.k or self.phase != "train")
+
+    def table_groups(self) -> int:
+        """Groups per `Table`: about `TABLE_STEPS` steps."""
+        return max(1, self.TABLE_STEPS // self.k)
+
+    def _table_calls(self) -> int:
+        return self.table_groups() * (1 if self.mode == SCAN else self.k)
+
+    def put_table(self, groups: list[list[Any]]) -> list[tuple[str, FromTable, int]]:
+        """Items for groups of row-number batches, their inputs sent in one `Table`."""
+        self.prepare(groups[0])
+        many = self.mode == SCAN
+        tabled = [group for group in groups if self._scans(group) or not many]
+        if not tabled:  # one short group: single calls
+            return [self.put(groups[0])]
+        entries = tabled if many else [[batch] for group in tabled for batch in group]
+        batch, mask = self.distributor.table(entries, self.k if many else None, self._table_calls())
+        table = Table(batch, mask, _zero(self.model))
+        items = [
+            (
+                self.mode,
+                FromTable(table, 1 if many else len(group), len(group), self._full([group])),
+                len(group),
+            )
+            for group in tabled
+        ]
+        # Only a last group can be short.
+        return items + [self.put(group) for group in groups[len(tabled) :]]
 
     @staticmethod
     def batches_in(item: tuple[str, Any, int]) -> int:
@@ -120,19 +249,33 @@ class Runner:
     def execute(self, item: tuple[str, Any, int]) -> jax.Array:
         """Runs the item's steps on the model's state; returns a tick to wait on."""
         mode, payload, _ = item
-        calls = [payload] if mode == SCAN else payload
-        fn = compiled(self.model, self.phase, many=mode == SCAN)
         model = self.model
+        leaves, treedef = model._state_leaves()
+        cached = self._fns.get(mode)
+        if cached is None or cached[0] is not treedef:
+            cached = self._fns[mode] = (treedef, compiled(model, self.phase, mode == SCAN, treedef))
+        fn = cached[1]
+        if isinstance(payload, FromTable):
+            if payload.table is not self._table:
+                self._table, self._cursor = payload.table, payload.table.zero
+            mask = None if payload.full else payload.table.mask
+            calls = [(payload.table.batch, mask)] * payload.calls
+            cursor = self._cursor
+        else:
+            calls = [payload] if mode == SCAN else payload
+            cursor = None
         logs = None
-        for batch, mask in calls:
-            if self.phase == "train":
-                model._state, logs = fn(model._state, self.source, batch, mask)
-            else:
-                frozen = {k: v for k, v in model._state.items() if k != "metrics"}
-                metrics, logs = fn(model._state["metrics"], frozen, self.source, batch, mask)
-                model._state = {**model._state, "metrics": metrics}
+        if self.phase == "train":
+            for batch, mask in calls:
+                leaves, logs, cursor = fn(leaves, self.source, batch, mask, cursor)
+        else:
+            metrics, others = leaves[: self._metric_leaves], leaves[self._metric_leaves :]
+            for batch, mask in calls:
+                metrics, logs, cursor = fn(metrics, others, self.source, batch, mask, cursor)
+            leaves = [*metrics, *others]
+        self._cursor = cursor
         # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
-        model._compiled_fns["last_logs"] = (model._state["metrics"], logs)
+        model._set_state_leaves(leaves, logs)
         return logs[0]
 
 

@@ -1,8 +1,9 @@
 """Feeding the compiled steps: host batches in, bounded calls in flight, logs out.
 
 The device never waits for the host: host batches are made ahead in a thread and put on the
-devices ahead of use (`DevicePrefetcher`); device-resident data's row numbers are made one
-group ahead in the loop's own thread, between steps (`Ahead`); K steps run per compiled
+devices ahead of use (`DevicePrefetcher`); device-resident data's row numbers go to the
+devices ~128 steps at a time (`Tables`), or for predict one group ahead in the loop's own
+thread, between steps (`Ahead`); K steps run per compiled
 call; every call returns its logs with the state, and they are copied to the host only every
 K steps when a callback wants them, and at the end of an epoch. On XLA:CPU more than ~30
 queued calls with a collective deadlock (stack-facts), so at most `MAX_IN_FLIGHT` calls are
@@ -12,6 +13,8 @@ queued.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -88,23 +91,55 @@ class Groups:
     def get_state(self) -> Any:
         return self._source.get_state()
 
+    def used_up(self) -> bool:
+        """Whether the limit is reached."""
+        return self._left == 0
 
-class Direct:
+    def take(self, count: int) -> list[tuple[list[Any], Any]]:
+        """Up to `count` next groups, each with the source's position after it (None when
+        the source cannot report it), read with one `next_many` call where possible."""
+        if getattr(self._source, "next_many", None) is None:
+            out = []
+            for group in itertools.islice(self, count):
+                out.append((group, self.get_state() if self.checkpointable else None))
+            return out
+        wanted = count * self._k if self._left is None else min(count * self._k, self._left)
+        batches = self._source.next_many(wanted) if wanted else []
+        if len(batches) < wanted:
+            self.exhausted = True
+        if self._left is not None:
+            self._left -= len(batches)
+        groups = [batches[i : i + self._k] for i in range(0, len(batches), self._k)]
+        if not self.checkpointable:
+            return [(group, None) for group in groups]
+        left = len(batches)
+        out = []
+        for group in groups:
+            left -= len(group)
+            out.append((group, self._source.get_state(back=left) if left else self.get_state()))
+        return out
+
+
+class _InLoop:
+    """A feed made in the loop's own thread: an iterator and a context with nothing to stop."""
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __iter__(self) -> Any:
+        return self
+
+
+class Direct(_InLoop):
     """Device batches made in the calling thread, when no prefetch is asked (`prefetch=0`)."""
 
     def __init__(self, groups: Groups, put: Any) -> None:
         self._groups = groups
         self._put = put
         self.checkpointable = groups.checkpointable
-
-    def __enter__(self) -> Direct:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __iter__(self) -> Direct:
-        return self
 
     @staticmethod
     def ready() -> bool:
@@ -117,7 +152,7 @@ class Direct:
         return self._groups.get_state()
 
 
-class Ahead:
+class Ahead(_InLoop):
     """Device inputs made one group ahead in the calling thread, between steps.
 
     For device-resident data (`device_data`) a group's device input is a few kilobytes of
@@ -136,15 +171,6 @@ class Ahead:
         self._next: tuple[Any, Any] | None = None  # (device input, source state after it)
         self._done = False
         self._state = groups.get_state() if self.checkpointable else None
-
-    def __enter__(self) -> Ahead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __iter__(self) -> Ahead:
-        return self
 
     def ready(self) -> bool:
         return self._next is not None or self._done
@@ -167,6 +193,98 @@ class Ahead:
             raise StopIteration
         item, self._state = self._next
         self._next = None
+        return item
+
+    def get_state(self) -> Any:
+        return self._state
+
+
+@dataclasses.dataclass(frozen=True)
+class NextTable:
+    """The next epoch's first table, made before this epoch ended (see `Tables`)."""
+
+    iterator: Any  # the source iterator it was read from (carried to the next epoch)
+    k: int
+    batches: int
+    items: list  # (item, source state after it)
+    start: Any  # the source's state before it
+
+
+class Tables(_InLoop):
+    """Device-resident data's inputs, one `execution.Table` of row numbers at a time.
+
+    A table holds the row numbers of up to `Runner.TABLE_STEPS` steps and is sent to the
+    devices in one copy; the compiled calls read their entries at a device-side cursor. The
+    next table is made when the last item of the current one has been handed out, after its
+    call was dispatched (the loop calls `advance()` then), so the devices run that call
+    meanwhile. With `then=(iterator, limit)` (fit's iterator carries over to the next epoch),
+    the next epoch's first table is made that way too, at the end of this one: its items
+    come back as `next_table` for the next epoch's `Tables(..., ahead=...)`, so the devices
+    do not idle while the host makes it between epochs. `get_state()` is the source's
+    position after the last group returned, as for `DevicePrefetcher`, so a checkpoint
+    resumes exactly.
+    """
+
+    def __init__(
+        self,
+        groups: Groups,
+        runner: execution.Runner,
+        ahead: NextTable | None = None,
+        then: tuple[Any, int] | None = None,
+    ) -> None:
+        self._groups = groups
+        self._runner = runner
+        self._then = then
+        self.next_table: NextTable | None = None
+        self.checkpointable = groups.checkpointable
+        self._items: collections.deque = collections.deque()  # (item, source state after it)
+        self._done = False
+        if ahead is not None:
+            self._items.extend(ahead.items)
+            self._state = ahead.start
+        else:
+            self._state = groups.get_state() if self.checkpointable else None
+
+    def ready(self) -> bool:
+        return bool(self._items) or self._done
+
+    def advance(self) -> None:
+        """Makes the next table now, if the current one is used up."""
+        if self._items:
+            return
+        if self._done:
+            self._make_next_table()
+            return
+        taken = self._groups.take(self._runner.table_groups())
+        if taken:
+            self._items.extend(self._put(taken))
+        if not taken or self._groups.exhausted or self._groups.used_up():
+            self._done = True
+            if not self._items:
+                self._make_next_table()  # while the devices run the epoch's last call
+
+    def _put(self, taken: list[tuple[list[Any], Any]]) -> list[tuple[Any, Any]]:
+        groups = [group for group, _ in taken]
+        self._runner.prepare(groups[0])  # the mode (scan or single calls) sets the shape
+        return list(zip(self._runner.put_table(groups), [s for _, s in taken], strict=True))
+
+    def _make_next_table(self) -> None:
+        then, self._then = self._then, None
+        if then is None or self._groups.exhausted:
+            return
+        iterator, limit = then
+        groups = Groups(iterator, self._runner.k, limit)
+        start = groups.get_state() if groups.checkpointable else None
+        taken = groups.take(self._runner.table_groups())
+        if taken:
+            batches = sum(len(group) for group, _ in taken)
+            self.next_table = NextTable(iterator, self._runner.k, batches, self._put(taken), start)
+
+    def __next__(self) -> Any:
+        self.advance()
+        if not self._items:
+            raise StopIteration
+        item, self._state = self._items.popleft()
         return item
 
     def get_state(self) -> Any:
@@ -205,8 +323,16 @@ def next_batch(feed: Any, in_flight: _InFlight, meter: InputWaitMeter | None) ->
 
 
 def reset_metrics(model: Model) -> None:
-    metrics = jax.tree.map(jnp.zeros_like, model._state["metrics"])
-    model._state = {**model._state, "metrics": metrics}
+    """Zeroes the metric sums: one compiled call on their leaves."""
+    fn = model._compiled_fns.get("zero_metrics")
+    if fn is None:
+        repl = model.strategy.replicated_sharding
+        fn = model._compiled_fns["zero_metrics"] = jax.jit(
+            lambda metrics: [jnp.zeros_like(m) for m in metrics], out_shardings=repl
+        )
+    leaves, treedef = model._state_leaves()
+    n = execution.metric_leaves(treedef)
+    model._set_state_leaves([*fn(leaves[:n]), *leaves[n:]])
 
 
 def fetch_logs(model: Model) -> dict[str, float]:
@@ -215,20 +341,20 @@ def fetch_logs(model: Model) -> dict[str, float]:
     The last compiled call already returned them for the sums it left in `model._state`
     (`execution.log_values`); only other sums (e.g. just reset) need a call of their own.
     """
-    metrics = model._state["metrics"]
-    last = model._compiled_fns.get("last_logs")
-    if last is not None and last[0] is metrics:
-        values = jax.device_get(last[1])
-    else:
+    values = model._last_logs
+    if values is None:
+        metrics = model._state["metrics"]
         fn = model._compiled_fns.get("logs")
         if fn is None:
             graphdef = model.steps.metrics_graphdef
             fn = model._compiled_fns["logs"] = jax.jit(
                 lambda metrics: execution.log_values(graphdef, metrics)
             )
-        values = jax.device_get(fn(metrics))
+        values = fn(metrics)
+    for value in values[1:]:
+        value.copy_to_host_async()  # the copies overlap; float() waits for each
     names = [m.name for m in (model.loss_tracker, *model.metrics)]  # Keras's order: loss first
-    return {name: float(np.asarray(v)) for name, v in zip(names, values, strict=True)}
+    return {name: float(v) for name, v in zip(names, values, strict=True)}
 
 
 def run_phase(
@@ -242,8 +368,12 @@ def run_phase(
     prefetch: int = 2,
     source: Any = None,
     steps_hint: int | None = None,
+    next_limit: int | None = None,
 ) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
+
+    `next_limit`: the next epoch's step count when it reads on from `iterator`; its first
+    table is then made before this epoch ends (`Tables`).
 
     Returns:
       `(steps run, whether the source ran out, the source's position after the last batch
@@ -251,7 +381,11 @@ def run_phase(
     """
     k = model._execution_k(limit or steps_hint)
     distributor = BatchDistributor(model.strategy, pad_at_end=True)
-    groups = Groups(iterator, k, limit)
+    ahead = model._next_table  # made by the last epoch, if it read on from `iterator`
+    if ahead is None or ahead.iterator is not iterator or ahead.k != k or phase != "train":
+        ahead = None
+    taken = 0 if ahead is None else ahead.batches
+    groups = Groups(iterator, k, None if limit is None else limit - taken)
     runner = execution.Runner(model, phase, k, distributor, source)
     needs_hooks = callbacks.needs_batch_hooks(phase)
     interval = callbacks.batch_logs_interval(phase)
@@ -260,7 +394,8 @@ def run_phase(
     next_fetch = interval or 0
     logs: dict[str, float] = {}
     if prefetch > 0 and source is not None:
-        feed = Ahead(groups, runner.put)
+        then = None if next_limit is None else (iterator, next_limit)
+        feed = Tables(groups, runner, ahead, then)
     elif prefetch > 0:
         feed = DevicePrefetcher(
             groups, runner.put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
@@ -303,6 +438,8 @@ def run_phase(
                 break
         in_flight.drain()
         position = feed.get_state() if feed.checkpointable else None
+    if phase == "train":
+        model._next_table = None if model.stop_training else getattr(feed, "next_table", None)
     return steps, groups.exhausted, position
 
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from phalanx._src.data.iterator import take
+
 if TYPE_CHECKING:
     from phalanx._src.train.model import Model
 
@@ -69,7 +71,9 @@ def peak_tflops(device_kind: str, dtype: Any = "float32") -> float | None:
       >>> peak_tflops("TPU v4", "bfloat16"), peak_tflops("cpu")
       (275.0, None)
     """
-    name = str(getattr(dtype, "name", dtype))
+    # A dtype ('float32', np.dtype) or a scalar type (jnp.bfloat16, whose `.dtype` names it).
+    name = getattr(dtype, "name", None) or getattr(getattr(dtype, "dtype", None), "name", dtype)
+    name = str(name)
     name = "bfloat16" if name in ("bfloat16", "float16") else "float32"
     kind = device_kind.lower().strip()
     for pattern, peaks in PEAK_TFLOPS:
@@ -129,6 +133,12 @@ class FirstBatch:
         if self.first is None:
             self.first = item
         return item
+
+    def next_many(self, count: int) -> list[Any]:
+        items = take(self._iterator, count)
+        if self.first is None and items:
+            self.first = items[0]
+        return items
 
     def __getattr__(self, name: str) -> Any:  # get_state, set_state, close, checkpointable
         return getattr(self._iterator, name)

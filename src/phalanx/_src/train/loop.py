@@ -68,9 +68,9 @@ def fit(
       seed: the shuffle seed for arrays (default: a fresh random seed).
       prefetch: batches made ahead in a thread and put on the devices ahead of use; 0 makes
         each batch in the loop's own thread when it is needed. Device-resident data
-        (`device_data`) needs no thread: its row numbers are made between steps.
+        (`device_data`) needs no thread: its row numbers go over ~128 steps at a time.
       device_data: keep an in-memory phalanx Dataset's arrays on the devices and send only
-        row numbers per step: 'auto' (when they fit), True, or False.
+        row numbers: 'auto' (when they fit), True, or False.
 
     Returns:
       The `History` callback (`history.history` maps each log name to per-epoch values).
@@ -148,6 +148,8 @@ def fit(
                 prefetch,
                 source,
                 steps_hint=steps_known,
+                # A carried iterator's next epoch starts reading before this one ends.
+                next_limit=steps_per_epoch if epoch + 1 < epochs else None,
             )
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
@@ -174,6 +176,7 @@ def fit(
         feed.close(iterator)
         feed.close(carried)
         watch.stop()
+        model._next_table = None
     cbs.on_train_end(epoch_logs)
     return model.history
 

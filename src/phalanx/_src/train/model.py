@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 import optax
 from flax import nnx
 
+from phalanx._src.cluster.watchdog import peer_failures
 from phalanx._src.strategy.strategy import Strategy, get_strategy
 from phalanx._src.train import keras_bridge, multi_output
 from phalanx._src.train import optimizers as optimizers_lib
@@ -60,7 +62,11 @@ class Model:
         self.train_step_count = 0  # batches trained on by fit, over all calls
         self.history: Any = None
         self.compiled = False
-        self._state: dict | None = None
+        self._tree: dict | None = None  # the training state; see `_state`
+        self._leaves: list | None = None  # or its leaves, as the compiled calls return them
+        self._treedef: Any = None
+        self._last_logs: Any = None  # the log values of the current metric sums, on device
+        self._next_table: Any = None  # fit's next epoch's first inputs (`feed.Tables`)
         self._compiled_fns: dict[Any, Callable] = {}
         self._step_hooks: list[Callable[[int, Any], None]] = []
         # Where fit is, for the checkpoint callbacks: the epoch, the steps already done in it
@@ -158,6 +164,37 @@ class Model:
         self._compiled_fns.clear()
 
     # ---- state access ---------------------------------------------------------------------
+    @property
+    def _state(self) -> dict | None:
+        """The training state `{params, rest, opt, metrics}` (see `step.py`), on the devices.
+
+        The loop's compiled calls take and return the state's leaves (`_state_leaves`): a
+        flat list crosses jit's C++ dispatch without a Python callback per variable, which
+        the NNX `State` tree needs (~14 per step for a small MLP, issue 9). The tree is
+        rebuilt from the leaves only when something reads it.
+        """
+        if self._tree is None and self._leaves is not None:
+            self._tree = jax.tree.unflatten(self._treedef, self._leaves)
+        return self._tree
+
+    @_state.setter
+    def _state(self, value: dict | None) -> None:
+        self._tree = value
+        self._leaves = None
+        self._last_logs = None  # logs belong to the metric sums they were computed from
+
+    def _state_leaves(self) -> tuple[list, Any]:
+        """`(leaves, treedef)` of the training state."""
+        if self._leaves is None:
+            self._leaves, self._treedef = jax.tree.flatten(self._tree)
+        return self._leaves, self._treedef
+
+    def _set_state_leaves(self, leaves: list, last_logs: Any = None) -> None:
+        """The state after a compiled call, with the logs of its metric sums."""
+        self._leaves = leaves
+        self._tree = None
+        self._last_logs = last_logs
+
     def _check_compiled(self, what: str) -> None:
         if not self.compiled:
             raise RuntimeError(
@@ -238,7 +275,8 @@ class Model:
         from phalanx._src.train import loop
 
         self._check_compiled("fit")
-        history = loop.fit(self, x, y, **kwargs)
+        with peer_failures():
+            history = loop.fit(self, x, y, **kwargs)
         # The user's own object (a Keras model's get_weights/save/evaluate) sees the result.
         self.adapter.assign(self._state["params"], self._state["rest"])
         return history
@@ -248,14 +286,16 @@ class Model:
         from phalanx._src.train import loop
 
         self._check_compiled("evaluate")
-        return loop.evaluate(self, x, y, **kwargs)
+        with peer_failures():
+            return loop.evaluate(self, x, y, **kwargs)
 
     def predict(self, x: Any, **kwargs: Any) -> Any:
         """Predictions for every example, in order, as NumPy; see `loop.predict`."""
         from phalanx._src.train import loop
 
         self._check_compiled("predict")
-        return loop.predict(self, x, **kwargs)
+        with peer_failures():
+            return loop.predict(self, x, **kwargs)
 
     def summary(
         self,

@@ -3,8 +3,9 @@
 State is a dict pytree: `params` (the model's trainable variables, float32), `rest` (its other
 variables: batch statistics, RNG state, counters), `opt` (optimizer state, including the gradient
 accumulator and the loss scale), `metrics` (the metric objects' sums). A step is
-`state, batch, mask -> state`; `mask` marks the real rows of a padded batch. A batch with no
-real row (the filler of a short `steps_per_execution` group) leaves the state untouched.
+`state, batch, mask -> state`; `mask` marks the real rows of a padded batch. The test step
+adds nothing for a batch with no real row (the filler of a short `steps_per_execution`
+group); the loop never gives the train step one.
 
 The steps see the model only through its adapter (`adapters.protocol.ModelAdapter`): the
 train step runs it in training mode and carries its updated `rest` (new batch statistics,
@@ -88,20 +89,26 @@ class Steps:
                 metric.update_state(y, y_pred, sample_weight=weight)
         return nnx.state([loss_tracker, *others])
 
-    def train(self, state: dict, batch: Any, mask: jax.Array, may_be_empty: bool = False) -> dict:
-        """One optimizer step (or one accumulation step) on a global batch.
+    def train(self, state: dict, batch: Any, mask: jax.Array | None) -> dict:
+        """One optimizer step (or one accumulation step) on a global batch with real rows.
 
-        `may_be_empty`: the batch may have no real row (a filler step in a scan); such a
-        step must change nothing, which costs a conditional around the whole step.
+        A batch without a real row would still move the optimizer (Adam's moments decay), so
+        the loop never runs one: a short last group of K runs as single steps. `mask=None`
+        says every row is real: the step then compiles without the mask's arithmetic (~14 %
+        of a small MLP's step on an H100) and BatchNorm takes its unmasked statistics.
         """
         x, y, sample_weight = unpack(batch)
-        mask = mask.astype(jnp.float32)
-        sw = _row_weights(mask.shape[0], sample_weight)
-        count = jnp.sum(mask)
-        rows = mask.shape[0]
+        rows = jax.tree.leaves(batch)[0].shape[0]
+        full = mask is None
+        mask = jnp.ones((rows,), jnp.float32) if full else mask.astype(jnp.float32)
+        sw = _row_weights(rows, sample_weight)
+        count = jnp.float32(rows) if full else jnp.sum(mask)
+        layer_mask = None if full else mask
 
         def loss_fn(params):
-            y_pred, rest = self.adapter.apply(params, state["rest"], x, training=True, mask=mask)
+            y_pred, rest = self.adapter.apply(
+                params, state["rest"], x, training=True, mask=layer_mask
+            )
             per_example = self.loss(y, y_pred)
             # Differentiated over the static row count (so float16 loss scaling stays in
             # range) and rescaled to the real count below: the count's all-reduce then does
@@ -109,22 +116,17 @@ class Steps:
             loss = jnp.sum(per_example * sw * mask) / rows
             return precision.scale_loss(loss, state["opt"]), (per_example, y_pred, rest)
 
-        def step(state: dict) -> dict:
-            grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
-            # Keras's sum_over_batch_size: the weighted sum over the real examples' count.
-            scale = rows / jnp.maximum(count, 1.0)
-            grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
-            updates, opt = self.tx.update(grads, state["opt"], state["params"], example_count=count)
-            return {
-                "params": optax.apply_updates(state["params"], updates),
-                "rest": rest,
-                "opt": opt,
-                "metrics": self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask),
-            }
-
-        if may_be_empty:
-            return lax.cond(count > 0, step, lambda s: s, state)
-        return step(state)
+        grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
+        # Keras's sum_over_batch_size: the weighted sum over the real examples' count.
+        scale = rows / jnp.maximum(count, 1.0)
+        grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
+        updates, opt = self.tx.update(grads, state["opt"], state["params"], example_count=count)
+        return {
+            "params": optax.apply_updates(state["params"], updates),
+            "rest": rest,
+            "opt": opt,
+            "metrics": self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask),
+        }
 
     def test(self, state: dict, batch: Any, mask: jax.Array) -> dict:
         """Adds one global batch to the loss and metric sums, in inference mode.

@@ -1,13 +1,14 @@
 """The live progress bar of `ProgbarLogger` on terminals, drawn with `rich`.
 
-Redrawn only when the loop calls a batch hook (no refresh thread). When its phase ends the
-bar is replaced by one plain summary line, so a finished epoch reads the same in a terminal's
-scrollback as in a log file.
+Redrawn only when the loop calls a batch hook (no refresh thread), at most 20 times a
+second. When its phase ends the bar is replaced by one plain summary line, so a finished
+epoch reads the same in a terminal's scrollback as in a log file.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from rich.console import Console
@@ -18,6 +19,8 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+
+REDRAW_SECONDS = 0.05
 
 
 class LiveBar:
@@ -34,6 +37,7 @@ class LiveBar:
         self.description = description
         self.total = total
         self._start = time.perf_counter()
+        self._drawn = -float("inf")  # when the bar was last drawn
         self._seen = 0
         self.console = Console(file=stream, force_terminal=True, highlight=False)
         self.progress = Progress(
@@ -51,11 +55,18 @@ class LiveBar:
         self.progress.start()
         self.task = self.progress.add_task(description, total=total, rate="", text="")
 
-    def update(self, seen: int, text: str) -> None:
-        """Shows `seen` steps done and `text` (the latest loss and metrics)."""
+    def update(self, seen: int, text: str | Callable[[], str]) -> None:
+        """Shows `seen` steps done and `text` (the latest loss and metrics, or a function
+        making it). Redraws at most every `REDRAW_SECONDS` (as Keras's bar): drawing costs
+        more than a small step."""
         self._seen = seen
-        elapsed = time.perf_counter() - self._start
+        now = time.perf_counter()
+        if now - self._drawn < REDRAW_SECONDS and seen != self.total:
+            return
+        self._drawn = now
+        elapsed = now - self._start
         rate = f"{seen / elapsed:.1f} steps/s" if elapsed > 0 else ""
+        text = text() if callable(text) else text
         self.progress.update(self.task, completed=seen, rate=rate, text=text)
         self.progress.refresh()
 

@@ -173,7 +173,7 @@ class ProgbarLogger(Callback):
         if logs:
             self._logs = dict(logs)
         if self.level == 1 and self._live is not None:
-            self._live.update(self._seen, self._live_text())
+            self._live.update(self._seen, self._live_text)
 
     # -- hooks ----------------------------------------------------------------------------------
 
