@@ -27,53 +27,49 @@ the range over the rounds. "first step" is the time from building the model to t
 its first step, compile included (persistent cache off here; `--restart` measures it).
 Each device count runs in its own process.
 
-Results: 2 CPU cores shared with ~9 engineers' jobs (load average 3-12 during the runs, so
-single rounds vary up to 3x; compare ratios of the best rounds, and read the ranges), XLA:CPU
-fake devices, jax 0.10.2, 22:00-22:17 UTC. Keras 3.15 runs on 1 device only: DataParallel on
-8 fake CPU devices aborted with an XLA:CPU all-reduce rendezvous timeout in 2 of 2 runs.
-
-`python benchmarks/bench_fit.py` (1 device; 8 devices: `--devices 8`, run at 22:13)
+Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), a quiet machine (load < 1.5),
+2026-11-23 02:22 UTC, `python benchmarks/bench_fit.py --no-keras`:
 
 | dev | K | variant | steady ex/s | range | / sol | whole-call ex/s | / sol | first step s |
 |---|---|---|---|---|---|---|---|---|
-| 1 | 1 | sol | 221,341 | 72,534-221,341 | 1.00 | 221,533 | 1.00 | 0.42 |
-| 1 | 1 | fit | 298,220 | 53,635-298,220 | 1.35 | 264,400 | 1.19 | 0.59 |
-| 1 | 1 | fit+bar | 285,113 | 66,196-285,113 | 1.29 | 253,501 | 1.14 | 0.41 |
-| 1 | 1 | keras | 323,668 | 65,097-323,668 | 1.46 | 323,087 | 1.46 | 0.32 |
-| 1 | 50 | sol | 393,712 | 67,018-393,712 | 1.00 | 393,507 | 1.00 | 0.61 |
-| 1 | 50 | fit | 384,141 | 132,992-384,141 | 0.98 | 377,144 | 0.96 | 1.72 |
-| 1 | 50 | fit+bar | 248,574 | 157,369-248,574 | 0.63 | 247,850 | 0.63 | 1.67 |
-| 1 | 50 | keras | 249,182 | 163,926-249,182 | 0.63 | 249,786 | 0.63 | 0.47 |
-| 8 | 1 | sol | 149,687 | 90,406-149,687 | 1.00 | 149,660 | 1.00 | 0.47 |
-| 8 | 1 | fit | 150,861 | 81,220-150,861 | 1.01 | 118,572 | 0.79 | 0.78 |
-| 8 | 1 | fit+bar | 142,646 | 85,773-142,646 | 0.95 | 108,659 | 0.73 | 0.74 |
-| 8 | 50 | sol | 197,164 | 126,019-197,164 | 1.00 | 196,459 | 1.00 | 0.84 |
-| 8 | 50 | fit | 177,351 | 154,481-177,351 | 0.90 | 171,706 | 0.87 | 2.20 |
-| 8 | 50 | fit+bar | 171,958 | 165,806-171,958 | 0.87 | 166,449 | 0.85 | 2.04 |
+| 1 | 1 | sol | 341,456 | 268,800-341,456 | 1.00 | 341,370 | 1.00 | 0.34 |
+| 1 | 1 | fit | 329,110 | 262,436-329,110 | 0.96 | 291,740 | 0.85 | 0.38 |
+| 1 | 1 | fit+bar | 311,140 | 223,116-311,140 | 0.91 | 273,855 | 0.80 | 0.47 |
+| 1 | 50 | sol | 391,107 | 381,910-391,107 | 1.00 | 389,269 | 1.00 | 0.54 |
+| 1 | 50 | fit | 395,688 | 382,471-395,688 | 1.01 | 389,711 | 1.00 | 1.66 |
+| 1 | 50 | fit+bar | 404,926 | 373,371-404,926 | 1.04 | 397,427 | 1.02 | 1.59 |
+| 8 | 1 | sol | 172,884 | 154,492-172,884 | 1.00 | 172,550 | 1.00 | 0.57 |
+| 8 | 1 | fit | 168,327 | 136,893-168,327 | 0.97 | 126,311 | 0.73 | 0.87 |
+| 8 | 1 | fit+bar | 166,089 | 136,053-166,089 | 0.96 | 127,004 | 0.74 | 0.73 |
+| 8 | 50 | sol | 178,732 | 157,433-178,732 | 1.00 | 178,877 | 1.00 | 0.94 |
+| 8 | 50 | fit | 196,681 | 165,322-196,681 | 1.10 | 188,533 | 1.05 | 4.13 |
+| 8 | 50 | fit+bar | 182,517 | 171,353-182,517 | 1.02 | 175,572 | 0.98 | 2.94 |
 
-Rerun on a quiet machine (load < 1, 22:43 UTC, `python benchmarks/bench_fit.py --no-keras`):
+The same command 15 minutes earlier (before the live bar's redraw was throttled) gave fit /
+sol 1.01, 1.03, 1.00, 1.00 and fit+bar 0.94, 1.03, 0.93, 1.01 in the same row order. Single
+rounds of sol itself vary by up to 25 %, so fit is level with the speed-of-light loop here
+(0.96-1.10); the previous round's quiet-machine run gave 0.88, 0.97, 0.92, 0.85. fit's
+whole-call rate at 8 devices pays for replicating the 160 MB dataset on every device at
+each `fit` call (`device_data`), ~0.3 s.
+
+One H100 80GB HBM3 (16 host cores; jax 0.11.2, keras 3.15.1), 2026-11-23 02:03 UTC,
+`python benchmarks/bench_fit.py --devices 1 --rounds 5`:
 
 | dev | K | variant | steady ex/s | range | / sol | whole-call ex/s | / sol | first step s |
 |---|---|---|---|---|---|---|---|---|
-| 1 | 1 | sol | 323,344 | 297,837-323,344 | 1.00 | 321,585 | 1.00 | 0.34 |
-| 1 | 1 | fit | 283,128 | 204,014-283,128 | 0.88 | 247,581 | 0.77 | 0.39 |
-| 1 | 1 | fit+bar | 304,184 | 270,324-304,184 | 0.94 | 260,833 | 0.81 | 0.38 |
-| 1 | 50 | sol | 399,663 | 383,733-399,663 | 1.00 | 399,725 | 1.00 | 0.50 |
-| 1 | 50 | fit | 387,414 | 350,535-387,414 | 0.97 | 381,258 | 0.95 | 1.64 |
-| 1 | 50 | fit+bar | 383,948 | 331,212-383,948 | 0.96 | 377,890 | 0.95 | 1.61 |
-| 8 | 1 | sol | 161,918 | 157,144-161,918 | 1.00 | 161,802 | 1.00 | 0.41 |
-| 8 | 1 | fit | 148,268 | 126,675-148,268 | 0.92 | 116,097 | 0.72 | 0.67 |
-| 8 | 1 | fit+bar | 153,342 | 112,411-153,342 | 0.95 | 120,291 | 0.74 | 0.69 |
-| 8 | 50 | sol | 212,223 | 176,918-212,223 | 1.00 | 212,226 | 1.00 | 0.72 |
-| 8 | 50 | fit | 179,766 | 146,229-179,766 | 0.85 | 174,607 | 0.82 | 2.25 |
-| 8 | 50 | fit+bar | 181,524 | 168,538-181,524 | 0.86 | 175,720 | 0.83 | 2.07 |
+| 1 | 1 | sol | 2,900,991 | 1,037,539-2,900,991 | 1.00 | 2,879,302 | 1.00 | 0.56 |
+| 1 | 1 | fit | 2,339,868 | 1,617,858-2,339,868 | 0.81 | 1,770,717 | 0.61 | 0.62 |
+| 1 | 1 | fit+bar | 2,433,621 | 1,287,660-2,433,621 | 0.84 | 1,912,623 | 0.66 | 0.64 |
+| 1 | 1 | keras | 1,117,075 | 640,782-1,117,075 | 0.39 | 1,100,432 | 0.38 | 0.54 |
+| 1 | 50 | sol | 21,099,018 | 19,820,951-21,099,018 | 1.00 | 21,039,735 | 1.00 | 0.65 |
+| 1 | 50 | fit | 18,462,216 | 12,921,532-18,462,216 | 0.88 | 15,205,955 | 0.72 | 0.69 |
+| 1 | 50 | fit+bar | 17,015,790 | 13,040,742-17,015,790 | 0.81 | 14,357,632 | 0.68 | 0.64 |
+| 1 | 50 | keras | 1,885,435 | 1,246,179-1,885,435 | 0.09 | 1,881,237 | 0.09 | 0.61 |
 
-On the quiet machine fit stays 3-15 % below the speed-of-light loop (about 0.45 ms of host
-work per K=1 step); the loaded runs above flattered fit at K=1.
-
-fit's whole-call rate at 8 devices pays for replicating the 160 MB dataset on every device
-at each `fit` call (`device_data`), ~0.3 s here. "first step" is the best over the rounds
-(later rounds reuse JAX's in-memory caches).
+At K=1 the H100 host is noisy: sol's best round ranged from 2.1M to 3.2M ex/s over six runs
+of this command the same hour, and fit / sol from 0.78 to 1.25 (0.91 and 0.96 in the run
+before this one). The code before this round, in the same session (`--rounds 2`): fit / sol
+0.37 (K=1) and 0.35 (K=50).
 
 `python benchmarks/bench_fit.py --restart` (fresh processes, 1 device; `off`:
 PHALANX_COMPILATION_CACHE=0, `cold`: an empty cache directory, `warm`: the same directory)
@@ -103,6 +99,16 @@ PHALANX_COMPILATION_CACHE=0, `cold`: an empty cache directory, `warm`: the same 
 | 8 | predict, K=50 | 516,370 | 492,502-516,370 | 1.08 |
 | 8 | predict, device_data=True, K=1 | 311,232 | 268,673-311,232 | 0.65 |
 | 8 | predict, device_data=True, K=50 | 357,648 | 312,887-357,648 | 0.75 |
+
+One H100 (2026-11-23 01:56 UTC, `python benchmarks/bench_fit.py --predict --devices 1`):
+
+| dev | loop | ex/s | range | / hand-written |
+|---|---|---|---|---|
+| 1 | jitted forward, K=1 | 1,208,273 | 834,267-1,208,273 | 1.00 |
+| 1 | predict, K=1 | 1,084,078 | 868,742-1,084,078 | 0.90 |
+| 1 | predict, K=50 | 1,130,899 | 958,688-1,130,899 | 0.94 |
+| 1 | predict, device_data=True, K=1 | 1,272,153 | 114,079-1,272,153 | 1.05 |
+| 1 | predict, device_data=True, K=50 | 2,364,300 | 165,709-2,364,300 | 1.96 |
 """
 
 from __future__ import annotations
