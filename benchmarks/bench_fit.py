@@ -45,6 +45,8 @@ Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), a quiet machine (load
 | 8 | 50 | fit | 196,681 | 165,322-196,681 | 1.10 | 188,533 | 1.05 | 4.13 |
 | 8 | 50 | fit+bar | 182,517 | 171,353-182,517 | 1.02 | 175,572 | 0.98 | 2.94 |
 
+K=1 again with 5 rounds (02:37, `--no-keras --devices 1 --devices 8 --steps-per-execution 1
+--rounds 5`): fit / sol 0.99 and fit+bar / sol 0.97 on 1 device, 1.03 and 1.06 on 8.
 The same command 15 minutes earlier (before the live bar's redraw was throttled) gave fit /
 sol 1.01, 1.03, 1.00, 1.00 and fit+bar 0.94, 1.03, 0.93, 1.01 in the same row order. Single
 rounds of sol itself vary by up to 25 %, so fit is level with the speed-of-light loop here
