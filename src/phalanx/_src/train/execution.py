@@ -136,11 +136,10 @@ class Table:
 
 @dataclasses.dataclass(frozen=True)
 class FromTable:
-    """The next `calls` calls of `table`: a group of `batches` batches (`full`: no padding)."""
+    """The next `calls` calls of `table` (`full`: its batches have no padding)."""
 
     table: Table
     calls: int
-    batches: int
     full: bool = False
 
 
@@ -234,7 +233,7 @@ class Runner:
         items = [
             (
                 self.mode,
-                FromTable(table, 1 if many else len(group), len(group), self._full([group])),
+                FromTable(table, 1 if many else len(group), self._full([group])),
                 len(group),
             )
             for group in tabled

@@ -381,8 +381,9 @@ def run_phase(
     """
     k = model._execution_k(limit or steps_hint)
     distributor = BatchDistributor(model.strategy, pad_at_end=True)
+    tabled = prefetch > 0 and source is not None  # device-resident data: `Tables`
     ahead = model._next_table  # made by the last epoch, if it read on from `iterator`
-    if ahead is None or ahead.iterator is not iterator or ahead.k != k or phase != "train":
+    if not tabled or ahead is None or ahead.iterator is not iterator or ahead.k != k:
         ahead = None
     taken = 0 if ahead is None else ahead.batches
     groups = Groups(iterator, k, None if limit is None else limit - taken)
@@ -393,8 +394,8 @@ def run_phase(
     steps = 0
     next_fetch = interval or 0
     logs: dict[str, float] = {}
-    if prefetch > 0 and source is not None:
-        then = None if next_limit is None else (iterator, next_limit)
+    if tabled:
+        then = None if next_limit is None or phase != "train" else (iterator, next_limit)
         feed = Tables(groups, runner, ahead, then)
     elif prefetch > 0:
         feed = DevicePrefetcher(
