@@ -9,6 +9,7 @@ from conftest import build, make_data
 
 import phalanx
 from phalanx._src.train import feed
+from phalanx._src.train.device_data import Blocks
 
 
 def _dataset(n=96, workers=2):
@@ -116,3 +117,35 @@ def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
     used.clear()
     build(all_devices).fit(_dataset(48, workers=None), epochs=1, verbose=0)  # a map: rows
     assert used == [None]
+
+
+@pytest.mark.parametrize(
+    "rows, steps_per_epoch, resident",
+    [(96, None, True), (96, 4, True), (100, None, False), (100, 5, False)],
+    ids=["whole_blocks", "whole_blocks_repeated", "partial_last_batch", "straddling_repeat"],
+)
+def test_batches_read_in_order_train_on_their_blocks(
+    all_devices, monkeypatch, rows, steps_per_epoch, resident
+):
+    # Unshuffled batches of whole blocks go to the step as arrays of their own (no gather);
+    # any other table (a partial batch, a batch across a repetition) gathers by row number.
+    # Either way the numbers are the host pipeline's.
+    found = []
+    real = Blocks.lookup
+    monkeypatch.setattr(Blocks, "lookup", lambda self, *a: found.append(r := real(self, *a)) or r)
+    x, y = make_data(rows)
+    ds = phalanx.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.batch(24) if steps_per_epoch is None else ds.repeat().batch(24)
+    results = []
+    for device_data in (True, False):
+        model = build(all_devices, optimizer="adam")
+        history = model.fit(
+            ds, epochs=3, steps_per_epoch=steps_per_epoch, verbose=0, device_data=device_data
+        )
+        results.append((history.history["loss"], model.get_weights(), model.train_step_count))
+    assert any(f is not None for f in found) == resident
+    (got, got_weights, got_steps), (want, want_weights, want_steps) = results
+    assert got_steps == want_steps
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for a, b in zip(got_weights, want_weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)

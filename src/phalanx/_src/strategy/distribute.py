@@ -168,11 +168,13 @@ class BatchDistributor:
         return [_pad(leaf, index, slots) for leaf in leaves], mask, treedef
 
     def is_full(self, batch: Any) -> bool:
-        """Whether `batch`, already distributed once, filled every slot: in one process, a
+        """Whether `batch` fills every slot (the first batch seen fixes them): in one process, a
         step can then be compiled without its mask (every process must agree on that, and
         only one process knows it has no padding)."""
-        if jax.process_count() > 1 or self.per_replica is None:
+        if jax.process_count() > 1:
             return False
+        if self.per_replica is None:
+            self._local(batch)  # the first batch fixes the compiled rows
         slots = self.strategy.num_local_replicas * self.per_replica
         return int(np.shape(jax.tree.leaves(batch)[0])[0]) == slots
 

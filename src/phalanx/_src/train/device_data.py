@@ -67,3 +67,54 @@ def prepare(data: Any, strategy: Strategy, mode: bool | str = "auto") -> DeviceD
         arrays,
     )
     return DeviceData(indices, placed)
+
+
+class Blocks:
+    """The source arrays cut into whole batches in order, each a data-sharded array of its own.
+
+    Data batched in order without a shuffle reads rows `[j*B, (j+1)*B)` as batch j. Such a
+    batch goes to the training step as block j's arrays, as a hand-written loop passes its
+    batch i, instead of being gathered from the replicated source by its row numbers: the
+    gather copies every batch once more on each step (4-5 % of the MLP's step on XLA:CPU,
+    issue 9). A block is cut on the devices the first time it is read, and kept while the
+    `Blocks` lives (one `fit`): a sharded copy of the rows used, 1/replicas of the source on
+    each device. One process only (`BatchDistributor.is_full` is False otherwise).
+
+    Example:
+      >>> blocks = Blocks(placed.arrays, strategy)
+      >>> blocks.lookup([np.arange(1024, 2048)], rows=1024)  # [block 1's (x, y)]
+    """
+
+    def __init__(self, arrays: Any, strategy: Strategy) -> None:
+        self._arrays = arrays
+        self._length = int(jax.tree.leaves(arrays)[0].shape[0])
+        self._made: dict[tuple[int, int], Any] = {}
+        data = strategy.data_sharding
+        self._cut = jax.jit(
+            lambda arrays, start, rows: jax.tree.map(
+                lambda a: jax.lax.dynamic_slice_in_dim(a, start, rows), arrays
+            ),
+            static_argnums=2,
+            out_shardings=data,
+        )
+
+    def lookup(self, batches: list[np.ndarray], rows: int) -> list[Any] | None:
+        """Each batch's block, when every batch is a whole block of `rows` rows in order."""
+        if not batches or rows <= 0:
+            return None
+        table = np.stack([np.asarray(b) for b in batches])
+        if table.ndim != 2 or table.shape[1] != rows:
+            return None
+        starts = table[:, 0]
+        if (starts % rows).any() or starts.max() + rows > self._length:
+            return None
+        if not np.array_equal(table, starts[:, None] + np.arange(rows, dtype=table.dtype)):
+            return None
+        return [self._block(int(start), rows) for start in starts]
+
+    def _block(self, start: int, rows: int) -> Any:
+        key = (start, rows)
+        block = self._made.get(key)
+        if block is None:
+            block = self._made[key] = self._cut(self._arrays, np.int32(start), rows)
+        return block

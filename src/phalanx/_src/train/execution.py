@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
@@ -23,6 +24,7 @@ from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.step import scanned
 
 if TYPE_CHECKING:
+    from phalanx._src.train.device_data import Blocks
     from phalanx._src.train.model import Model
 
 SCAN, LOOP = "scan", "loop"
@@ -135,6 +137,14 @@ class Table:
 
 
 @dataclasses.dataclass(frozen=True)
+class Resident:
+    """Whole batches already on the devices as arrays of their own (`device_data.Blocks`):
+    the calls take them directly, with no gather and no mask."""
+
+    batches: list
+
+
+@dataclasses.dataclass(frozen=True)
 class FromTable:
     """The next `calls` calls of `table` (`full`: its batches have no padding)."""
 
@@ -165,13 +175,20 @@ class Runner:
     TABLE_STEPS = 128
 
     def __init__(
-        self, model: Model, phase: str, k: int, distributor: BatchDistributor, source: Any = None
+        self,
+        model: Model,
+        phase: str,
+        k: int,
+        distributor: BatchDistributor,
+        source: Any = None,
+        blocks: Blocks | None = None,
     ) -> None:
         self.model = model
         self.phase = phase
         self.k = k
         self.distributor = distributor
         self.source = source  # on-device arrays the batches index into, or None
+        self.blocks = blocks  # the source's whole batches in order, for single training calls
         self.mode: str | None = None if k > 1 else LOOP
         self._table: Table | None = None
         self._cursor: jax.Array | None = None
@@ -227,6 +244,9 @@ class Runner:
         tabled = [group for group in groups if self._scans(group) or not many]
         if not tabled:  # one short group: single calls
             return [self.put(groups[0])]
+        resident = None if many else self._resident(tabled)
+        if resident is not None:
+            return resident + [self.put(group) for group in groups[len(tabled) :]]
         entries = tabled if many else [[batch] for group in tabled for batch in group]
         batch, mask = self.distributor.table(entries, self.k if many else None, self._table_calls())
         table = Table(batch, mask, _zero(self.model))
@@ -241,6 +261,20 @@ class Runner:
         # Only a last group can be short.
         return items + [self.put(group) for group in groups[len(tabled) :]]
 
+    def _resident(self, groups: list[list[Any]]) -> list[tuple[str, Resident, int]] | None:
+        """Single training calls on `Blocks` when every batch is a whole block, else None."""
+        if self.blocks is None or not self._full(groups):
+            return None
+        rows = int(np.shape(groups[0][0])[0])
+        found = self.blocks.lookup([batch for group in groups for batch in group], rows)
+        if found is None:
+            return None
+        items, at = [], 0
+        for group in groups:
+            items.append((LOOP, Resident(found[at : at + len(group)]), len(group)))
+            at += len(group)
+        return items
+
     @staticmethod
     def batches_in(item: tuple[str, Any, int]) -> int:
         return item[2]
@@ -254,7 +288,11 @@ class Runner:
         if cached is None or cached[0] is not treedef:
             cached = self._fns[mode] = (treedef, compiled(model, self.phase, mode == SCAN, treedef))
         fn = cached[1]
-        if isinstance(payload, FromTable):
+        source = self.source
+        if isinstance(payload, Resident):
+            calls = [(batch, None) for batch in payload.batches]
+            cursor = source = None
+        elif isinstance(payload, FromTable):
             if payload.table is not self._table:
                 self._table, self._cursor = payload.table, payload.table.zero
             mask = None if payload.full else payload.table.mask
@@ -266,11 +304,11 @@ class Runner:
         logs = None
         if self.phase == "train":
             for batch, mask in calls:
-                leaves, logs, cursor = fn(leaves, self.source, batch, mask, cursor)
+                leaves, logs, cursor = fn(leaves, source, batch, mask, cursor)
         else:
             metrics, others = leaves[: self._metric_leaves], leaves[self._metric_leaves :]
             for batch, mask in calls:
-                metrics, logs, cursor = fn(metrics, others, self.source, batch, mask, cursor)
+                metrics, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
             leaves = [*metrics, *others]
         self._cursor = cursor
         # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).

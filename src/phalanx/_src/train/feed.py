@@ -369,11 +369,13 @@ def run_phase(
     source: Any = None,
     steps_hint: int | None = None,
     next_limit: int | None = None,
+    blocks: device_data.Blocks | None = None,
 ) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 
     `next_limit`: the next epoch's step count when it reads on from `iterator`; its first
-    table is then made before this epoch ends (`Tables`).
+    table is then made before this epoch ends (`Tables`). `blocks`: `source` cut into whole
+    batches, which single training calls take directly when the batches read them in order.
 
     Returns:
       `(steps run, whether the source ran out, the source's position after the last batch
@@ -387,7 +389,7 @@ def run_phase(
         ahead = None
     taken = 0 if ahead is None else ahead.batches
     groups = Groups(iterator, k, None if limit is None else limit - taken)
-    runner = execution.Runner(model, phase, k, distributor, source)
+    runner = execution.Runner(model, phase, k, distributor, source, blocks)
     needs_hooks = callbacks.needs_batch_hooks(phase)
     interval = callbacks.batch_logs_interval(phase)
     in_flight = _InFlight()

@@ -16,6 +16,7 @@ from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train import checks, execution, feed, fit_options, flop_rate, preemption
 from phalanx._src.train.callbacks.callback_list import CallbackList
+from phalanx._src.train.device_data import Blocks
 
 if TYPE_CHECKING:
     from phalanx._src.train.model import Model
@@ -95,6 +96,7 @@ def fit(
     host = feed.host_data(x, y, sample_weight, batch_size, shuffle, seed)
     checked = checks.check_data(model, host)  # shapes and labels, before anything compiles
     data, source = feed.on_devices(model, host, device_data)
+    blocks = None if source is None else Blocks(source, model.strategy)
     steps_known = steps_per_epoch or feed.length(data)
     if steps_known is None and _is_infinite(data):
         raise ValueError(
@@ -150,6 +152,7 @@ def fit(
                 steps_hint=steps_known,
                 # A carried iterator's next epoch starts reading before this one ends.
                 next_limit=steps_per_epoch if epoch + 1 < epochs else None,
+                blocks=blocks,
             )
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
