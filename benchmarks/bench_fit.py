@@ -207,7 +207,10 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True) -> tuple[float,
                  jax.device_put(y.reshape(STEPS, BATCH), on))  # fmt: skip
     graphdef, params = nnx.split(_mlp())
     tx = optax.adam(1e-3)
-    state = jax.device_put((params, tx.init(params), jnp.zeros((), jnp.int32)), repl)
+    # The state crosses the jit boundary as a flat list of arrays: NNX's Variables would cost
+    # a Python flatten callback each, at every call.
+    leaves, treedef = jax.tree.flatten((params, tx.init(params), jnp.zeros((), jnp.int32)))
+    state = jax.device_put(leaves, repl)
 
     def step(state, batch):
         params, opt_state, i = state
@@ -225,16 +228,21 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True) -> tuple[float,
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state, i + 1), loss
 
-    def run(state, batch):
-        if split:  # K stacked batches
+    def run(leaves, batch):
+        state = jax.tree.unflatten(treedef, leaves)
+        if k == 1:
+            state, loss = step(state, batch)
+        elif split:  # K stacked batches
             state, losses = jax.lax.scan(step, state, batch)
+            loss = losses[-1]
         else:
             state, losses = jax.lax.scan(lambda s, _: step(s, batch), state, None, length=k)
-        return state, losses[-1]
+            loss = losses[-1]
+        return jax.tree.leaves(state), loss
 
     # The data are arguments, not closed-over constants (those lose their sharding), and the
     # state stays replicated (else propagation may shard it and re-gather it every step).
-    run = jax.jit(step if k == 1 else run, donate_argnums=0, out_shardings=(repl, repl))
+    run = jax.jit(run, donate_argnums=0, out_shardings=(repl, repl))
     batches = data if split else [whole]
     state, loss = run(state, batches[0])
     float(loss)

@@ -3,6 +3,7 @@ feeding variants (device-resident data, no prefetch) give the same numbers."""
 
 import threading
 
+import jax
 import numpy as np
 import pytest
 from conftest import build, make_data
@@ -119,17 +120,25 @@ def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
     assert used == [None]
 
 
+@pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize(
     "rows, steps_per_epoch, resident",
-    [(96, None, True), (96, 4, True), (100, None, False), (100, 5, False)],
+    # resident: whether any call trains on blocks, at K = (1, 2). At K=2 the first epoch of
+    # the straddling case has two whole groups before the short group that straddles.
+    [
+        (96, None, (True, True)),
+        (96, 4, (True, True)),
+        (100, None, (True, True)),
+        (100, 5, (False, True)),
+    ],
     ids=["whole_blocks", "whole_blocks_repeated", "partial_last_batch", "straddling_repeat"],
 )
 def test_batches_read_in_order_train_on_their_blocks(
-    all_devices, monkeypatch, rows, steps_per_epoch, resident
+    all_devices, monkeypatch, rows, steps_per_epoch, resident, k
 ):
     # Unshuffled batches of whole blocks go to the step as arrays of their own (no gather);
-    # any other table (a partial batch, a batch across a repetition) gathers by row number.
-    # Either way the numbers are the host pipeline's.
+    # a partial last batch runs on its own, and a table with a batch across a repetition
+    # gathers by row number. Either way the numbers are the host pipeline's.
     found = []
     real = Blocks.lookup
     monkeypatch.setattr(Blocks, "lookup", lambda self, *a: found.append(r := real(self, *a)) or r)
@@ -138,14 +147,34 @@ def test_batches_read_in_order_train_on_their_blocks(
     ds = ds.batch(24) if steps_per_epoch is None else ds.repeat().batch(24)
     results = []
     for device_data in (True, False):
-        model = build(all_devices, optimizer="adam")
+        model = build(all_devices, optimizer="adam", steps_per_execution=k)
         history = model.fit(
             ds, epochs=3, steps_per_epoch=steps_per_epoch, verbose=0, device_data=device_data
         )
         results.append((history.history["loss"], model.get_weights(), model.train_step_count))
-    assert any(f is not None for f in found) == resident
+    assert any(f is not None for f in found) == resident[k - 1]
     (got, got_weights, got_steps), (want, want_weights, want_steps) = results
     assert got_steps == want_steps
     np.testing.assert_allclose(got, want, rtol=1e-6)
     for a, b in zip(got_weights, want_weights, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_blocks_are_whole_batches_in_order_within_one_copy_of_the_source(all_devices):
+    x, y = make_data(96)
+    source = (jax.device_put(x), jax.device_put(y))
+    blocks = Blocks(source, all_devices)
+    rows = lambda start: np.arange(start, start + 24, dtype=np.int32)  # noqa: E731
+    ((bx, by),) = blocks.lookup([rows(24)], 24)
+    np.testing.assert_array_equal(np.asarray(bx), x[24:48])
+    np.testing.assert_array_equal(np.asarray(by), y[24:48])
+    assert bx.sharding.spec == all_devices.data_sharding.spec  # split over the replicas
+    ((sx, _),) = blocks.lookup([rows(0), rows(24)], 24, k=2)  # one (K, rows, ...) block
+    np.testing.assert_array_equal(np.asarray(sx), x[:48].reshape(2, 24, -1))
+    assert blocks.lookup([rows(12)], 24) is None  # not on a batch boundary
+    assert blocks.lookup([rows(72)[::-1]], 24) is None  # out of order
+    assert blocks.lookup([rows(0), rows(48)], 24, k=2) is None  # not consecutive
+    assert blocks.lookup([rows(0)[:12]], 24) is None  # a partial batch
+    # 72 of the budget's 96 rows (one copy of the source) are used: 48 more do not fit, 24 do.
+    assert blocks.lookup([rows(48), rows(72)], 24, k=2) is None
+    assert blocks.lookup([rows(48)], 24) is not None

@@ -167,14 +167,17 @@ class BatchDistributor:
             index, mask = layout.padded_index(rows, local, self.per_replica)
         return [_pad(leaf, index, slots) for leaf in leaves], mask, treedef
 
-    def is_full(self, batch: Any) -> bool:
-        """Whether `batch` fills every slot (the first batch seen fixes them): in one process, a
-        step can then be compiled without its mask (every process must agree on that, and
-        only one process knows it has no padding)."""
-        if jax.process_count() > 1:
-            return False
+    def fix_rows(self, batch: Any) -> None:
+        """Fixes the compiled rows per replica from `batch`, the first one, if not yet fixed."""
         if self.per_replica is None:
-            self._local(batch)  # the first batch fixes the compiled rows
+            self._local(batch)
+
+    def is_full(self, batch: Any) -> bool:
+        """Whether `batch` fills every slot (fixed by the first batch, see `fix_rows`): in one
+        process, a step can then be compiled without its mask (every process must agree on
+        that, and only one process knows it has no padding)."""
+        if jax.process_count() > 1 or self.per_replica is None:
+            return False
         slots = self.strategy.num_local_replicas * self.per_replica
         return int(np.shape(jax.tree.leaves(batch)[0])[0]) == slots
 

@@ -73,12 +73,14 @@ class Blocks:
     """The source arrays cut into whole batches in order, each a data-sharded array of its own.
 
     Data batched in order without a shuffle reads rows `[j*B, (j+1)*B)` as batch j. Such a
-    batch goes to the training step as block j's arrays, as a hand-written loop passes its
+    batch goes to the training step as a block of its own, as a hand-written loop passes its
     batch i, instead of being gathered from the replicated source by its row numbers: the
     gather copies every batch once more on each step (4-5 % of the MLP's step on XLA:CPU,
-    issue 9). A block is cut on the devices the first time it is read, and kept while the
-    `Blocks` lives (one `fit`): a sharded copy of the rows used, 1/replicas of the source on
-    each device. One process only (`BatchDistributor.is_full` is False otherwise).
+    issue 9). K consecutive batches of a scanned call make one `(K, B, ...)` block. A block is
+    cut on the devices the first time it is read and kept while the `Blocks` lives (one
+    `fit`); the blocks never take more device memory than the source itself (past that,
+    batches are gathered as before). One process only (`BatchDistributor.is_full` is False
+    otherwise).
 
     Example:
       >>> blocks = Blocks(placed.arrays, strategy)
@@ -87,34 +89,67 @@ class Blocks:
 
     def __init__(self, arrays: Any, strategy: Strategy) -> None:
         self._arrays = arrays
-        self._length = int(jax.tree.leaves(arrays)[0].shape[0])
-        self._made: dict[tuple[int, int], Any] = {}
-        data = strategy.data_sharding
-        self._cut = jax.jit(
-            lambda arrays, start, rows: jax.tree.map(
-                lambda a: jax.lax.dynamic_slice_in_dim(a, start, rows), arrays
-            ),
-            static_argnums=2,
-            out_shardings=data,
-        )
+        leaves = jax.tree.leaves(arrays)
+        self._length = int(leaves[0].shape[0])
+        self._bytes_per_row = sum(a.dtype.itemsize * a.size for a in leaves) // max(self._length, 1)
+        self._budget = self._bytes_per_row * self._length  # one more copy of the source at most
+        self._made: dict[tuple[int, int, int | None], Any] = {}
+        self._cuts: dict[int | None, Any] = {}
+        self._mesh, self._axis = strategy.data_sharding.mesh, strategy.data_sharding.spec[0]
 
-    def lookup(self, batches: list[np.ndarray], rows: int) -> list[Any] | None:
-        """Each batch's block, when every batch is a whole block of `rows` rows in order."""
-        if not batches or rows <= 0:
+    def lookup(self, batches: list[Any], rows: int, k: int | None = None) -> list[Any] | None:
+        """The blocks of `batches` (row numbers, in order), when each is a whole block.
+
+        `k=None`: one `(rows, ...)` block per batch. `k`: one `(k, rows, ...)` block per k
+        consecutive batches, which must then be consecutive blocks. None when any batch is
+        not a whole block of `rows` rows, or the blocks would outgrow the budget.
+        """
+        n = len(batches)
+        if not n or rows <= 0 or (k is not None and n % k):
             return None
         table = np.stack([np.asarray(b) for b in batches])
         if table.ndim != 2 or table.shape[1] != rows:
             return None
-        starts = table[:, 0]
+        starts = table[:, 0].astype(np.int64)
         if (starts % rows).any() or starts.max() + rows > self._length:
             return None
         if not np.array_equal(table, starts[:, None] + np.arange(rows, dtype=table.dtype)):
             return None
-        return [self._block(int(start), rows) for start in starts]
+        if k is not None:
+            starts = starts.reshape(-1, k)
+            if (np.diff(starts, axis=1) != rows).any():
+                return None
+            starts = starts[:, 0]
+        blocks = [self._block(int(start), rows, k) for start in starts]
+        return None if any(b is None for b in blocks) else blocks
 
-    def _block(self, start: int, rows: int) -> Any:
-        key = (start, rows)
+    def _block(self, start: int, rows: int, k: int | None) -> Any:
+        key = (start, rows, k)
         block = self._made.get(key)
         if block is None:
-            block = self._made[key] = self._cut(self._arrays, np.int32(start), rows)
+            size = rows * (k or 1) * self._bytes_per_row
+            if size > self._budget:
+                return None
+            self._budget -= size
+            block = self._made[key] = self._cut(k)(self._arrays, np.int32(start), rows)
         return block
+
+    def _cut(self, k: int | None) -> Any:
+        cut = self._cuts.get(k)
+        if cut is None:
+            from jax.sharding import NamedSharding
+            from jax.sharding import PartitionSpec as P
+
+            spec = P(self._axis) if k is None else P(None, self._axis)
+
+            def take(arrays: Any, start: jax.Array, rows: int) -> Any:
+                def one(a: jax.Array) -> jax.Array:
+                    block = jax.lax.dynamic_slice_in_dim(a, start, rows * (k or 1))
+                    return block if k is None else block.reshape(k, rows, *a.shape[1:])
+
+                return jax.tree.map(one, arrays)
+
+            cut = self._cuts[k] = jax.jit(
+                take, static_argnums=2, out_shardings=NamedSharding(self._mesh, spec)
+            )
+        return cut

@@ -197,7 +197,9 @@ class Runner:
             self._metric_leaves = metric_leaves(model._state_leaves()[1])
 
     def prepare(self, group: list[Any]) -> None:
-        """Chooses the mode (SCAN or LOOP) on the phase's first group, once."""
+        """Chooses the mode (SCAN or LOOP) on the phase's first group, once; its first batch
+        fixes the compiled rows."""
+        self.distributor.fix_rows(group[0])
         if self.mode is None:
             self.mode = self.model._compiled_fns.get("mode")
         if self.mode is None:
@@ -244,9 +246,12 @@ class Runner:
         tabled = [group for group in groups if self._scans(group) or not many]
         if not tabled:  # one short group: single calls
             return [self.put(groups[0])]
-        resident = None if many else self._resident(tabled)
+        # Only a last group can be short, and only a last batch partial: whole blocks before
+        # it still train on their blocks, and it runs on its own.
+        whole = tabled if many or self._full(tabled[-1:]) else tabled[:-1]
+        resident = self._resident(whole, many) if whole else None
         if resident is not None:
-            return resident + [self.put(group) for group in groups[len(tabled) :]]
+            return resident + [self.put(group) for group in groups[len(whole) :]]
         entries = tabled if many else [[batch] for group in tabled for batch in group]
         batch, mask = self.distributor.table(entries, self.k if many else None, self._table_calls())
         table = Table(batch, mask, _zero(self.model))
@@ -258,17 +263,25 @@ class Runner:
             )
             for group in tabled
         ]
-        # Only a last group can be short.
         return items + [self.put(group) for group in groups[len(tabled) :]]
 
-    def _resident(self, groups: list[list[Any]]) -> list[tuple[str, Resident, int]] | None:
-        """Single training calls on `Blocks` when every batch is a whole block, else None."""
+    def _resident(
+        self, groups: list[list[Any]], many: bool
+    ) -> list[tuple[str, Resident, int]] | None:
+        """Training calls on `Blocks` when every batch is a whole block, else None: one
+        `(K, rows, ...)` block per scanned group, or one block per single call."""
         if self.blocks is None or not self._full(groups):
             return None
         rows = int(np.shape(groups[0][0])[0])
-        found = self.blocks.lookup([batch for group in groups for batch in group], rows)
+        batches = [batch for group in groups for batch in group]
+        found = self.blocks.lookup(batches, rows, self.k if many else None)
         if found is None:
             return None
+        if many:
+            return [
+                (SCAN, Resident([block]), len(group))
+                for block, group in zip(found, groups, strict=True)
+            ]
         items, at = [], 0
         for group in groups:
             items.append((LOOP, Resident(found[at : at + len(group)]), len(group)))

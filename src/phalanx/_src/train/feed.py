@@ -353,7 +353,11 @@ def fetch_logs(model: Model) -> dict[str, float]:
         values = fn(metrics)
     for value in values[1:]:
         value.copy_to_host_async()  # the copies overlap; float() waits for each
-    names = [m.name for m in (model.loss_tracker, *model.metrics)]  # Keras's order: loss first
+    names = model._compiled_fns.get("log_names")
+    if names is None:  # Keras's order: loss first
+        names = model._compiled_fns["log_names"] = [
+            m.name for m in (model.loss_tracker, *model.metrics)
+        ]
     return {name: float(v) for name, v in zip(names, values, strict=True)}
 
 
@@ -390,7 +394,8 @@ def run_phase(
     taken = 0 if ahead is None else ahead.batches
     groups = Groups(iterator, k, None if limit is None else limit - taken)
     runner = execution.Runner(model, phase, k, distributor, source, blocks)
-    needs_hooks = callbacks.needs_batch_hooks(phase)
+    begin_hook = callbacks.batch_hook(phase, "begin")
+    end_hook = callbacks.batch_hook(phase, "end")
     interval = callbacks.batch_logs_interval(phase)
     in_flight = _InFlight()
     steps = 0
@@ -419,8 +424,8 @@ def run_phase(
             if item is None:
                 break
             n = runner.batches_in(item)
-            if needs_hooks:
-                callbacks._call_batch(phase, "begin", steps, None)
+            if begin_hook is not None:
+                begin_hook(steps, None)
             in_flight.add(runner.execute(item))
             if advance is not None:
                 advance()  # the next input is made while the devices run this step
@@ -432,11 +437,11 @@ def run_phase(
                     meter.step_done()
             if on_state is not None:
                 on_state(steps, feed)
-            if needs_hooks:
+            if end_hook is not None:
                 if interval is not None and steps >= next_fetch:
                     logs = fetch_logs(model)
                     next_fetch = steps + interval
-                callbacks._call_batch(phase, "end", steps - 1, dict(logs))
+                end_hook(steps - 1, logs)  # the hook hands the callbacks a copy
             if phase == "train" and model.stop_training:
                 break
         in_flight.drain()

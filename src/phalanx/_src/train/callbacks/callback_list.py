@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from phalanx._src.train.callbacks.base import HOOKS, Callback, _check_mode
@@ -135,13 +135,25 @@ class CallbackList:
             getattr(callback, hook)(*args, logs=logs)
 
     def _call_batch(self, mode: str, when: str, batch: int, logs: dict[str, Any] | None) -> None:
+        call = self.batch_hook(mode, when)
+        if call is not None:
+            call(batch, logs)
+
+    def batch_hook(self, mode: str, when: str) -> Callable[[int, Any], None] | None:
+        """`call(batch, logs)` running every callback's `on_{mode}_batch_{when}` that the loop
+        must call, or None when there is none; the loop looks it up once per phase, not per
+        batch. Each call hands the receivers one fresh dict of Python floats."""
         hook = f"on_{mode}_batch_{when}"
-        receivers = [c for c in self._by_hook[hook] if c.uses_batch_hooks(mode)]
-        if not receivers:
-            return
-        logs = to_python_logs(logs)
-        for callback in receivers:
-            getattr(callback, hook)(batch, logs=logs)
+        methods = [getattr(c, hook) for c in self._by_hook[hook] if c.uses_batch_hooks(mode)]
+        if not methods:
+            return None
+
+        def call(batch: int, logs: dict[str, Any] | None) -> None:
+            logs = to_python_logs(logs) if logs else {}
+            for method in methods:
+                method(batch, logs=logs)
+
+        return call
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._call("on_train_begin", logs=logs)
