@@ -26,6 +26,7 @@ from phalanx._src.train.step import scanned
 if TYPE_CHECKING:
     from phalanx._src.train.device_data import Blocks
     from phalanx._src.train.model import Model
+    from phalanx._src.train.packing import Packing
 
 SCAN, LOOP = "scan", "loop"
 
@@ -52,18 +53,12 @@ def _pick(batch: Any, mask: jax.Array, cursor: jax.Array | None) -> tuple[Any, j
     return jax.tree.map(pick, batch), None if mask is None else pick(mask)
 
 
-def metric_leaves(treedef: Any) -> int:
-    """How many of the state's leaves are metric sums: the first ones (a dict flattens in
-    key order, and "metrics" sorts first)."""
-    return treedef.children()[0].num_leaves
-
-
 def _next(cursor: jax.Array | None) -> jax.Array | None:
     return None if cursor is None else cursor + 1
 
 
-def _jit_phase(model: Model, phase: str, many: bool, treedef: Any) -> Callable:
-    """The phase's compiled call on the state's leaves (see `Model._state`).
+def _jit_phase(model: Model, phase: str, many: bool, packing: Packing) -> Callable:
+    """The phase's compiled call on the state's packed leaves (see `Model._state`).
 
     Train: `(leaves, source, batch, mask, cursor) -> (leaves, logs, cursor)`, the leaves
     donated. Test: `(metric leaves, other leaves, source, batch, mask, cursor) -> (metric
@@ -72,9 +67,10 @@ def _jit_phase(model: Model, phase: str, many: bool, treedef: Any) -> Callable:
     """
     steps = model.steps
     repl = model.strategy.replicated_sharding
+    treedef = packing.treedef
 
     def run(step: Callable, leaves: list, source: Any, batch: Any, mask: Any, cursor: Any):
-        state = jax.tree.unflatten(treedef, leaves)
+        state = jax.tree.unflatten(treedef, packing.unpack(leaves))
         batch, mask = _pick(batch, mask, cursor)
         one = _with_source(step, source)
         state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
@@ -88,28 +84,31 @@ def _jit_phase(model: Model, phase: str, many: bool, treedef: Any) -> Callable:
             out, out_def = jax.tree.flatten(state)
             if out_def != treedef:
                 raise TypeError(f"the train step changed the state's structure: {out_def}")
-            return out, logs, _next(cursor)
+            return packing.pack(out), logs, _next(cursor)
 
         # The state keeps its layout: replicated, or sharded by Strategy(state_sharding=...).
         state = model._state
         prefix = model.strategy.train_state_shardings(state)
-        shardings = treedef.flatten_up_to(jax.tree.broadcast(prefix, state))
+        shardings = packing.shardings(
+            treedef.flatten_up_to(jax.tree.broadcast(prefix, state)), repl
+        )
         return jax.jit(call, donate_argnums=0, out_shardings=(shardings, repl, repl))
 
     def call_test(metrics, others, source, batch, mask, cursor):
         state, logs = run(steps.test, [*metrics, *others], source, batch, mask, cursor)
-        return jax.tree.leaves(state["metrics"]), logs, _next(cursor)
+        out = packing.pack(jax.tree.leaves(state))
+        return out[: packing.metric_count], logs, _next(cursor)
 
     return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl, repl))
 
 
-def compiled(model: Model, phase: str, many: bool, treedef: Any) -> Callable:
-    """The phase's compiled call for a state of structure `treedef` (cached on the model)."""
+def compiled(model: Model, phase: str, many: bool, packing: Packing) -> Callable:
+    """The phase's compiled call for a state packed by `packing` (cached on the model)."""
     key = (phase, many)
     fn = model._compiled_fns.get(key)
-    if fn is None or model._compiled_fns.get(("treedef", *key)) != treedef:
-        fn = model._compiled_fns[key] = _jit_phase(model, phase, many, treedef)
-        model._compiled_fns[("treedef", *key)] = treedef
+    if fn is None or model._compiled_fns.get(("packing", *key)) != packing:
+        fn = model._compiled_fns[key] = _jit_phase(model, phase, many, packing)
+        model._compiled_fns[("packing", *key)] = packing
     return fn
 
 
@@ -192,9 +191,9 @@ class Runner:
         self.mode: str | None = None if k > 1 else LOOP
         self._table: Table | None = None
         self._cursor: jax.Array | None = None
-        self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state treedef, call)
+        self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state packing, call)
         if phase != "train":
-            self._metric_leaves = metric_leaves(model._state_leaves()[1])
+            self._metric_leaves = model._state_leaves()[1].metric_count
 
     def prepare(self, group: list[Any]) -> None:
         """Chooses the mode (SCAN or LOOP) on the phase's first group, once; its first batch
@@ -296,10 +295,10 @@ class Runner:
         """Runs the item's steps on the model's state; returns a tick to wait on."""
         mode, payload, _ = item
         model = self.model
-        leaves, treedef = model._state_leaves()
+        leaves, packing = model._state_leaves()
         cached = self._fns.get(mode)
-        if cached is None or cached[0] is not treedef:
-            cached = self._fns[mode] = (treedef, compiled(model, self.phase, mode == SCAN, treedef))
+        if cached is None or cached[0] is not packing:
+            cached = self._fns[mode] = (packing, compiled(model, self.phase, mode == SCAN, packing))
         fn = cached[1]
         source = self.source
         if isinstance(payload, Resident):

@@ -330,8 +330,8 @@ def reset_metrics(model: Model) -> None:
         fn = model._compiled_fns["zero_metrics"] = jax.jit(
             lambda metrics: [jnp.zeros_like(m) for m in metrics], out_shardings=repl
         )
-    leaves, treedef = model._state_leaves()
-    n = execution.metric_leaves(treedef)
+    leaves, packing = model._state_leaves()
+    n = packing.metric_count
     model._set_state_leaves([*fn(leaves[:n]), *leaves[n:]])
 
 

@@ -19,6 +19,7 @@ from phalanx._src.train.accumulation import accumulate_gradients
 from phalanx._src.train.adapters import adapt
 from phalanx._src.train.metrics import registry as metrics_registry
 from phalanx._src.train.metrics.mean import Mean
+from phalanx._src.train.packing import Packing
 from phalanx._src.train.step import Steps
 
 
@@ -63,8 +64,8 @@ class Model:
         self.history: Any = None
         self.compiled = False
         self._tree: dict | None = None  # the training state; see `_state`
-        self._leaves: list | None = None  # or its leaves, as the compiled calls return them
-        self._treedef: Any = None
+        self._leaves: list | None = None  # or its packed leaves, as the compiled calls take them
+        self._packing: Packing | None = None
         self._last_logs: Any = None  # the log values of the current metric sums, on device
         self._next_table: Any = None  # fit's next epoch's first inputs (`feed.Tables`)
         self._compiled_fns: dict[Any, Callable] = {}
@@ -170,11 +171,13 @@ class Model:
 
         The loop's compiled calls take and return the state's leaves (`_state_leaves`): a
         flat list crosses jit's C++ dispatch without a Python callback per variable, which
-        the NNX `State` tree needs (~14 per step for a small MLP, issue 9). The tree is
-        rebuilt from the leaves only when something reads it.
+        the NNX `State` tree needs (~14 per step for a small MLP, issue 9), and its scalars
+        travel packed into one vector per dtype (`packing`). The tree is rebuilt from the
+        leaves only when something reads it.
         """
         if self._tree is None and self._leaves is not None:
-            self._tree = jax.tree.unflatten(self._treedef, self._leaves)
+            packing = self._packing
+            self._tree = jax.tree.unflatten(packing.treedef, packing.leaves(self._leaves))
         return self._tree
 
     @_state.setter
@@ -183,14 +186,19 @@ class Model:
         self._leaves = None
         self._last_logs = None  # logs belong to the metric sums they were computed from
 
-    def _state_leaves(self) -> tuple[list, Any]:
-        """`(leaves, treedef)` of the training state."""
+    def _state_leaves(self) -> tuple[list, Packing]:
+        """`(packed leaves, packing)` of the training state, as the compiled calls take it."""
         if self._leaves is None:
-            self._leaves, self._treedef = jax.tree.flatten(self._tree)
-        return self._leaves, self._treedef
+            leaves, treedef = jax.tree.flatten(self._tree)
+            metrics = treedef.children()[0].num_leaves  # "metrics" sorts first
+            packing = Packing.of(treedef, leaves, metrics)
+            if packing != self._packing:  # else keep the one the compiled calls know
+                self._packing = packing
+            self._leaves = self._packing.pack(leaves)
+        return self._leaves, self._packing
 
     def _set_state_leaves(self, leaves: list, last_logs: Any = None) -> None:
-        """The state after a compiled call, with the logs of its metric sums."""
+        """The state (packed leaves) after a compiled call, with the logs of its metric sums."""
         self._leaves = leaves
         self._tree = None
         self._last_logs = last_logs
