@@ -17,6 +17,7 @@ from flax import nnx
 
 import phalanx
 from phalanx._src.train.checkpoint import TrainCheckpointer
+from phalanx._src.train.checkpoint_layout import Layout
 
 WIDE = 2048  # 2048 x 2048 float32 kernel + Adam's two moments: ~50 MB, long enough to write
 
@@ -51,7 +52,7 @@ KILL_DURING_SAVE = textwrap.dedent(
     ckpt.save(2, model, {{"n": 2}})  # returns at once; the files are written in the background
     print("SAVE 2 RETURNED", flush=True)
     while not any(p.startswith("2") for p in os.listdir({directory!r})):
-        time.sleep(0.001)  # kill as soon as Orbax has started writing checkpoint 2
+        time.sleep(0.001)  # kill as soon as the writer has started checkpoint 2
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
@@ -69,7 +70,7 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     )
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert "SAVE 2 RETURNED" in proc.stdout
-    # The interrupted save is left as Orbax's temporary directory, never as checkpoint 2.
+    # The interrupted save is left as a temporary directory, never as checkpoint 2.
     leftovers = [p.name for p in directory.iterdir() if p.name.startswith("2")]
     assert leftovers and all("tmp" in name for name in leftovers), leftovers
     ckpt = TrainCheckpointer(directory)
@@ -100,3 +101,33 @@ def test_an_async_save_survives_the_next_steps_and_restores_exactly(tmp_path):
     restored = jax.device_get(model._state)
     assert jax.tree.structure(restored) == jax.tree.structure(saved)
     jax.tree.map(np.testing.assert_array_equal, restored, saved)
+
+
+def test_a_checkpoint_orbax_wrote_for_several_processes_restores_in_one(tmp_path):
+    # Several processes save with Orbax, one writes files: either restores anywhere, and the
+    # numbering, max_to_keep and delete_all see both.
+    model = _model(0)
+    x = np.random.default_rng(1).normal(size=(8, WIDE)).astype(np.float32)
+    model.fit(x, x, batch_size=8, epochs=1, verbose=0)
+    ckpt = TrainCheckpointer(tmp_path / "ckpt", max_to_keep=2)
+    try:
+        # What TrainCheckpointer.save does on several processes, here on one.
+        layout = Layout.of(model._state)
+        meta = {"record": {"by": "orbax"}, "layout": layout.describe()}
+        packed = layout.pack(jax.tree.leaves(model._state))
+        ckpt._orbax().save(3, args=ckpt._orbax_args(packed, meta), force=True)
+        saved = jax.device_get(model._state)
+        model.fit(x, x, batch_size=8, epochs=1, verbose=0)
+        ckpt.save(4, model, {"by": "files"}, wait=True)
+        after = jax.device_get(model._state)
+        assert ckpt.latest_step() == 4 and ckpt._files.is_ours(4) and not ckpt._files.is_ours(3)
+        assert ckpt.restore(model, step=3) == {"by": "orbax"}
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(model._state), saved)
+        assert ckpt.restore(model) == {"by": "files"}
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(model._state), after)
+        ckpt.save(5, model, {"by": "files"}, wait=True)  # max_to_keep=2: the oldest goes
+        assert ckpt._files.steps() == [4, 5]
+        ckpt.delete_all()
+        assert ckpt.latest_step() is None
+    finally:
+        ckpt.close()
