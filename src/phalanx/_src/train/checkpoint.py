@@ -45,11 +45,18 @@ if TYPE_CHECKING:
 
 
 class _Writer:
-    """One background thread per process running save tasks in submission order; it ends
-    when idle, so nothing outlives the saves (an interrupted fit leaves no thread behind)."""
+    """One background thread per process running save tasks in submission order.
+
+    It waits `LINGER` seconds for the next task before it ends, so saves every few steps
+    reuse one thread (starting one per save cost the training thread ~1 ms: `start()` waits
+    for the new thread, which then holds the interpreter while it writes), and nothing
+    outlives the saves for long (an interrupted fit leaves no thread behind).
+    """
+
+    LINGER = 0.5  # seconds
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._tasks: list[tuple[Callable[[], None], concurrent.futures.Future]] = []
         self._thread: threading.Thread | None = None
 
@@ -62,11 +69,15 @@ class _Writer:
                     target=self._run, name="phalanx-checkpoint-writer", daemon=True
                 )
                 self._thread.start()
+            else:
+                self._lock.notify()
         return future
 
     def _run(self) -> None:
         while True:
             with self._lock:
+                if not self._tasks:
+                    self._lock.wait(self.LINGER)
                 if not self._tasks:
                     self._thread = None
                     return
