@@ -9,22 +9,30 @@ The workload is the first seed's MLP (784-128-10, Adam 1e-3, global batch 1024) 
 random examples (`Dataset.from_tensor_slices((x, y)).repeat().batch(1024)`: 50 steps an
 epoch, no shuffle), with a callback reading `logs['loss']` in `on_train_batch_end`.
 
-The speed-of-light loop ("sol") is what a careful JAX user writes: the whole dataset is put
-on the devices once, sharded over the data axis (as `(steps, batch, ...)`); one jitted step
-with donated state slices batch i by a step counter that lives on the devices (nothing
-crosses from the host per execution), or runs K steps in one `lax.scan`; the loss is read
-back after every execution, as a progress bar would. `fit` runs the same model, optimizer
+The speed-of-light loops are what a careful JAX user writes. The whole dataset is put on
+the devices once, sharded over the data axis; the training state crosses the jit boundary
+as a flat list of arrays (NNX Variables would cost a Python callback each); one jitted
+step with donated state takes batch i, or K steps in one `lax.scan`; the loss is read back
+after every execution, as a progress bar would. "sol" places the data as one array per
+batch (per group of K batches at K > 1) and passes batch i's arrays to the call: the step
+reads them where they lie. "sol-index" places one `(steps, batch, ...)` array and the step
+takes batch i at a counter kept on the devices (a dynamic slice: 20 % slower at K=1 on
+XLA:CPU). Every ratio is to the faster of the two. `fit` runs the same model, optimizer
 and data with `verbose=0` and with its progress bar (`verbose=1`, printed to /dev/null);
 Keras 3 `fit` (KERAS_BACKEND=jax) runs too on one device when keras is installed (an
 optional benchmark dependency; `--no-keras` skips it).
 
 Every variant is timed after its own compile/warm-up call, in 3 interleaved rounds (sol,
-fit, fit+bar, keras, sol, fit, ...) because the machine is shared. "steady ex/s" counts the
-examples between the ends of the first and the last execution of the timed call (set-up
-excluded, epoch boundaries included); "whole-call ex/s" times the whole call (for fit, its
-set-up too: placing the dataset on the devices, callbacks). Each gives the best round, with
-the range over the rounds. "first step" is the time from building the model to the end of
-its first step, compile included (persistent cache off here; `--restart` measures it).
+sol-index, fit, fit+bar, keras, sol, ...) because the machine is shared. "steady ex/s"
+counts the examples between the ends of the first and the last execution of the timed
+call (set-up excluded, epoch boundaries included); "median-step ex/s" is the rate at the
+median interval between consecutive executions (blind to the odd stall another job
+causes, but also to fit's epoch boundaries: 0.4 ms per 50 steps on one device, 1-2 ms on
+8); "whole-call ex/s" times the whole call (for fit, its set-up too: placing the dataset on
+the devices and cutting its blocks, callbacks). Each gives the best round, with the range
+over the rounds for the steady rate. "first step" is the time from building the model to
+the end of its first step, compile included (persistent cache off here; `--restart`
+measures it).
 Each device count runs in its own process.
 
 Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), a quiet machine (load < 1.5),
