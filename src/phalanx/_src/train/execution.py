@@ -187,7 +187,7 @@ class Runner:
         self.k = k
         self.distributor = distributor
         self.source = source  # on-device arrays the batches index into, or None
-        self.blocks = blocks  # the source's whole batches in order, for single training calls
+        self.blocks = blocks  # the source cut into whole batches in order, for training calls
         self.mode: str | None = None if k > 1 else LOOP
         self._table: Table | None = None
         self._cursor: jax.Array | None = None

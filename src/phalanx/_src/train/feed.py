@@ -379,7 +379,7 @@ def run_phase(
 
     `next_limit`: the next epoch's step count when it reads on from `iterator`; its first
     table is then made before this epoch ends (`Tables`). `blocks`: `source` cut into whole
-    batches, which single training calls take directly when the batches read them in order.
+    batches, which training calls take directly when the batches read them in order.
 
     Returns:
       `(steps run, whether the source ran out, the source's position after the last batch
