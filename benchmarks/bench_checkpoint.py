@@ -71,6 +71,7 @@ import argparse
 import os
 import tempfile
 import time
+from typing import Any
 
 
 def _setup():
@@ -126,10 +127,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--save-every", type=int, default=20, help="steps between saves")
+    parser.add_argument("--writers", action="store_true", help="CPU per save of each writer")
     args = parser.parse_args()
     import phalanx.cluster
 
     phalanx.cluster.resolve("cpu", cpu_devices=1)
+    if args.writers:
+        writers()
+        return
     model, ds = _setup()
     model.fit(ds, epochs=1, steps_per_epoch=args.steps, verbose=0)  # compile, warm caches
     variants = ("none", "async", "sync")
@@ -157,6 +162,81 @@ def main() -> None:
             f"{v:8s}  {best[v]:6.2f} [{lo:.2f}-{hi:.2f}]    {100 * (ratio - 1):+5.1f} %"
             f"   {least[v]:6.2f}                {per_save:6.1f}"
         )
+
+
+def writers(saves: int = 30) -> None:
+    """CPU per save of the MLP's packed state (two arrays) for each way of writing it, alone
+    (no training), each save waited for."""
+    import shutil
+
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from phalanx._src.train.checkpoint_files import Files, to_host
+    from phalanx._src.train.checkpoint_layout import Layout
+
+    model, _ = _setup()
+    layout = Layout.of(model._state)
+    arrays = layout.pack(jax.tree.leaves(model._state))
+    meta = {"record": {"epoch": 0}, "layout": layout.describe()}
+    sizes = {k: int(np.prod(v.shape)) for k, v in arrays.items()}
+    print(f"{len(arrays)} arrays, {sizes} elements; {saves} saves each, max_to_keep=2")
+    with tempfile.TemporaryDirectory(prefix="bench-writers-") as tmp:
+
+        def manager(name: str) -> Any:
+            return ocp.CheckpointManager(
+                os.path.join(tmp, name),
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=2, enable_async_checkpointing=True, create=True,
+                    enable_background_delete=True,
+                ),
+            )  # fmt: skip
+
+        composite, json_only = manager("composite"), manager("json")
+        bare = ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+        files = Files(os.path.join(tmp, "files"))
+
+        def orbax_composite(step: int) -> None:
+            args = ocp.args.Composite(
+                state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
+            )
+            composite.save(step, args=args, force=True)
+            composite.wait_until_finished()
+
+        def orbax_json_only(step: int) -> None:
+            json_only.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta)), force=True)
+            json_only.wait_until_finished()
+
+        def orbax_bare(step: int) -> None:
+            path = os.path.join(tmp, "bare", str(step))
+            bare.save(path, args=ocp.args.StandardSave(arrays))
+            bare.wait_until_finished()
+            shutil.rmtree(os.path.join(tmp, "bare", str(step - 2)), ignore_errors=True)
+
+        def phalanx_files(step: int) -> None:
+            host, keys = to_host(arrays)
+            files.write(step, host, {**meta, "keys": keys})
+            for old in files.steps()[:-2]:
+                files.delete(old)
+
+        ways = {
+            "Orbax CheckpointManager, StandardSave + JsonSave (async)": orbax_composite,
+            "Orbax CheckpointManager, the JSON item alone": orbax_json_only,
+            "Orbax AsyncCheckpointer(StandardCheckpointHandler)": orbax_bare,
+            "phalanx files: raw bytes + JSON, fsync, rename": phalanx_files,
+        }
+        print("| writer | CPU ms per save | wall ms per save |\n|---|---|---|")
+        for name, save in ways.items():
+            save(0)
+            start, start_cpu = time.perf_counter(), _cpu_seconds()
+            for step in range(1, saves + 1):
+                save(step)
+            wall, used = time.perf_counter() - start, _cpu_seconds() - start_cpu
+            print(f"| {name} | {1000 * used / saves:.1f} | {1000 * wall / saves:.1f} |")
+        composite.close()
+        json_only.close()
+        bare.close()
 
 
 def _cpu_seconds() -> float:

@@ -57,7 +57,8 @@ class Files:
         tmp.mkdir()
         entries = {}
         for name, array in arrays.items():
-            _write(tmp / f"{name}.bin", np.ascontiguousarray(array).tobytes())
+            # The array's own buffer, no copy: the write releases the interpreter meanwhile.
+            _write(tmp / f"{name}.bin", np.ascontiguousarray(array).reshape(-1).view(np.uint8))
             entries[name] = {"dtype": str(array.dtype), "shape": list(array.shape)}
         _write(tmp / RECORD, json.dumps({"arrays": entries, "meta": meta}).encode())
         _sync(tmp)
@@ -123,7 +124,7 @@ def _with_rank(sharding: Any, ndim: int) -> Any:
     return NamedSharding(sharding.mesh, PartitionSpec(*spec, *[None] * (ndim - len(spec))))
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes | np.ndarray) -> None:
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
