@@ -13,56 +13,41 @@ the range. "CPU ms/step" is the process's CPU time (every thread: XLA's, Orbax's
 writer's) per step in its least round, and "CPU ms/save" what one save adds to it: unlike
 wall time, it hardly depends on the other jobs on the machine.
 
-Results, `python benchmarks/bench_checkpoint.py --steps 600`, 2026-11-23 01:19-01:22 UTC,
-2 CPU cores (load average 2-3, mostly this benchmark), jax 0.10.2, orbax-checkpoint 0.12.8,
-two processes per version, run alternately. "before" is commit a05e575 (Orbax wrote each
-of the state's 17 leaves as an array; the loop made 17 eager copies per save), "after" packs
-the replicated leaves into one array per dtype in one compiled call (`checkpoint_layout`):
+Results on 2 CPU cores (jax 0.10.2, orbax-checkpoint 0.12.8), 2026-11-24 04:58-05:27 UTC,
+`python benchmarks/bench_checkpoint.py --steps 600 --rounds 5`, two runs each:
 
-    version  variant   ms/step (best) [range]   vs none   CPU ms/step (least)   CPU ms/save
-    before   none        3.34 [3.34-3.73]        +0.0 %     6.13
-    before   async       5.48 [5.48-7.11]       +63.8 %     9.48                  67.0
-    before   sync        5.94 [5.94-7.11]       +77.6 %     9.07                  58.7
-    after    none        3.03 [3.03-3.39]        +0.0 %     5.67
-    after    async       4.52 [4.52-5.16]       +49.3 %     7.75                  41.7
-    after    sync        4.50 [4.50-5.27]       +48.7 %     7.20                  30.7
-    before   none        3.50 [3.50-4.33]        +0.0 %     6.37
-    before   async       5.19 [5.19-5.83]       +48.0 %     9.17                  56.0
-    before   sync        5.63 [5.63-6.44]       +60.5 %     8.70                  46.7
-    after    none        3.80 [3.80-5.04]        +0.0 %     7.13
-    after    async       5.31 [5.31-7.05]       +39.7 %     9.25                  42.3
-    after    sync        6.10 [6.10-6.73]       +60.5 %     9.50                  47.3
+    version                            variant  ms/step (best) [range]  vs none  CPU ms/save
+    Orbax, packed (the last session)   async    4.52 [4.52-5.16]       +49.3 %   41.7
+    files, a thread per save           async    3.40 [3.40-3.79]        +5.5 %    3.0
+    files, the thread lingers          async    3.43 [3.43-3.66]        +5.3 %    5.0
+                                       async    3.36 [3.36-3.85]        +4.3 %    3.7
+    files, written from their buffers  async    3.34 [3.34-3.51]        +4.1 %    4.0
+                                       async    3.35 [3.35-3.38]        +3.5 %    3.3
+                                       sync     3.48 [3.48-3.55]        +7.6 %    1.7
 
-Over all 11 such pairs (01:04-01:31 UTC, load 2-8) a save cost 44-87 ms of CPU before
-(median 61) and 36-50 after (median 42); at that load the wall-time overhead of async was
-too noisy to rank (+1..+93 % before, +21..+100 % after). With `--save-every 100`: async
-+19.2 % before, +12.1 % after (sync +8.7 %).
+(the "none" rows of these runs: 3.21-3.26 ms/step). CPU per save of each writer alone,
+`python benchmarks/bench_checkpoint.py --writers` (the MLP's packed state: 2 arrays,
+305,315 elements, 30 saves each, each waited for):
 
-The 5 % target is out of reach on this host, and why, measured:
-- Training alone keeps both cores busy: 5.7-6.4 ms of CPU per 3.0-3.5 ms step (XLA's
-  intra-op threads and the loop). There is no idle core for the writer; its CPU is taken
-  from the steps.
-- Orbax costs 22-30 ms of CPU per save of 2-3 small arrays on a quiet loop (a save starts
-  ~11 asyncio event loops and ~20 threads, opens tensorstore, writes metadata, commits by
-  a rename; each further array adds ~1.3 ms), ~42 ms inside `fit`. A save every 20 steps is
-  one per 60-70 ms, 120-140 ms of CPU on 2 cores: 42 ms is 30-35 % of it before any
-  interference. 5 % needs at most 6-7 ms of CPU per save. No Orbax option tried (no
-  OCDBT, the record as custom metadata instead of a JSON item, no root metadata,
-  synchronous directory creation, a single item instead of a Composite) saved more than
-  the noise (~5 ms).
-- Contention explains most of the rest: another process burning 42 ms of CPU every 70 ms
-  slowed training without checkpoints by 27 % (3.42 -> 4.36 ms/step). The remaining ~15
-  points are interference inside the process. A shorter GIL switch interval (0.5 ms:
-  +45.6 % vs +45.3 %) did not help, and lowering the writer thread's priority (nice 10,
-  inherited by Orbax's threads) made it worse (+37..+42 % vs +9..+35 %): starved, the
-  writer holds the GIL the loop waits for.
-- The training thread itself spends 1.5-2.7 ms per save (one dispatch of the packing call,
-  0.1-0.2 ms; starting the writer thread ~1 ms; the previous save is done by then), down
-  from 4.5-20 ms (17 copies, then waiting for a previous save still being written).
+| writer | CPU ms per save | wall ms per save |
+|---|---|---|
+| Orbax CheckpointManager, StandardSave + JsonSave (async) | 46.3 | 40.6 |
+| Orbax CheckpointManager, the JSON item alone | 16.7 | 14.6 |
+| Orbax AsyncCheckpointer(StandardCheckpointHandler) | 34.0 | 32.3 |
+| phalanx files: raw bytes + JSON, fsync, rename | 1.7 | 4.8 |
 
-On an accelerator host the steps leave the cores to the writer, but the MLP's step is then
-far shorter than a 30 ms save: there a save every 20 steps would be limited by Orbax's
-throughput (`save` waits for the previous save), so choose the interval by time.
+Why one process writes files, not Orbax: training alone keeps both cores busy (6.2 ms of
+CPU per 3.2 ms step), so a save's CPU is taken from the steps, and a save every 20 steps is
+one per ~65 ms: 5 % allows ~3 ms of CPU per save. No Orbax route comes near (the manager's
+own bookkeeping with no array costs 17 ms; the last session also tried no OCDBT, the record
+as custom metadata, no root metadata, synchronous directory creation and a single item,
+none below ~22 ms). The files path spends ~1.7 ms (write, fsync, rename, pruning), the
+training thread ~0.6 ms (one dispatch of the packing call, the record), and the rest is
+the packing copy on the devices and contention. Starting a writer thread per save cost the
+training thread ~1 ms more (`start()` waits for the new thread, which then holds the
+interpreter while it writes): the thread now waits 0.5 s for the next save. Several
+processes still write with Orbax (each its own shards, one commit): there the ~30-45 ms per
+save stands, and the save interval should be chosen by time.
 """
 
 from __future__ import annotations

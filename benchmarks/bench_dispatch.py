@@ -8,12 +8,16 @@ hyperparameters add to a training state), called in a loop that reads one scalar
 every call, as fit's does. Best of 7 interleaved rounds of 300 calls. `train/packing.py`
 cites it.
 
-Results on 2 CPU cores (jax 0.10.2), 2026-11-24:
+Results on 2 CPU cores (jax 0.10.2), 2026-11-24 05:21-05:22 UTC, two runs (before rounds
+were interleaved, three runs gave +19, +28 and +33 us on 1 device, +148 and +133 on 8, and
+once -39 on 8: the machine is shared):
 
 | devices | 0 extra scalars, us/call | 10 extra scalars, us/call |
 |---|---|---|
-| 1 | 161 | 194 |
-| 8 | 749 | 882 |
+| 1 | 248 | 291 |
+| 8 | 929 | 1086 |
+| 1 | 162 | 185 |
+| 8 | 1061 | 1196 |
 """
 
 from __future__ import annotations

@@ -35,32 +35,40 @@ the end of its first step, compile included (persistent cache off here; `--resta
 measures it).
 Each device count runs in its own process.
 
-Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), a quiet machine (load < 1.5),
-2026-11-23 02:22 UTC, `python benchmarks/bench_fit.py --no-keras`:
+Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-24 05:08-05:20 UTC,
+`python benchmarks/bench_fit.py --no-keras --rounds 5` (fit with blocks and packed scalars):
 
-| dev | K | variant | steady ex/s | range | / sol | whole-call ex/s | / sol | first step s |
-|---|---|---|---|---|---|---|---|---|
-| 1 | 1 | sol | 341,456 | 268,800-341,456 | 1.00 | 341,370 | 1.00 | 0.34 |
-| 1 | 1 | fit | 329,110 | 262,436-329,110 | 0.96 | 291,740 | 0.85 | 0.38 |
-| 1 | 1 | fit+bar | 311,140 | 223,116-311,140 | 0.91 | 273,855 | 0.80 | 0.47 |
-| 1 | 50 | sol | 391,107 | 381,910-391,107 | 1.00 | 389,269 | 1.00 | 0.54 |
-| 1 | 50 | fit | 395,688 | 382,471-395,688 | 1.01 | 389,711 | 1.00 | 1.66 |
-| 1 | 50 | fit+bar | 404,926 | 373,371-404,926 | 1.04 | 397,427 | 1.02 | 1.59 |
-| 8 | 1 | sol | 172,884 | 154,492-172,884 | 1.00 | 172,550 | 1.00 | 0.57 |
-| 8 | 1 | fit | 168,327 | 136,893-168,327 | 0.97 | 126,311 | 0.73 | 0.87 |
-| 8 | 1 | fit+bar | 166,089 | 136,053-166,089 | 0.96 | 127,004 | 0.74 | 0.73 |
-| 8 | 50 | sol | 178,732 | 157,433-178,732 | 1.00 | 178,877 | 1.00 | 0.94 |
-| 8 | 50 | fit | 196,681 | 165,322-196,681 | 1.10 | 188,533 | 1.05 | 4.13 |
-| 8 | 50 | fit+bar | 182,517 | 171,353-182,517 | 1.02 | 175,572 | 0.98 | 2.94 |
+| dev | K | variant | steady ex/s | range | / sol | median | / sol | whole-call | / sol | first s |
+|---|---|---|---|---|---|---|---|---|---|---|
+| 1 | 1 | sol | 323,154 | 305,684-323,154 | 1.00 | 325,751 | 1.00 | 322,268 | 1.00 | 0.46 |
+| 1 | 1 | sol-index | 265,439 | 244,947-265,439 | 0.82 | 298,151 | 0.92 | 265,104 | 0.82 | 0.47 |
+| 1 | 1 | fit | 318,762 | 304,309-318,762 | 0.99 | 323,460 | 0.99 | 272,549 | 0.85 | 0.68 |
+| 1 | 1 | fit+bar | 323,083 | 303,217-323,083 | 1.00 | 327,863 | 1.01 | 268,578 | 0.83 | 0.65 |
+| 1 | 50 | sol | 344,095 | 335,864-344,095 | 1.00 | 345,627 | 1.00 | 344,224 | 1.00 | 0.64 |
+| 1 | 50 | sol-index | 343,209 | 334,409-343,209 | 1.00 | 343,391 | 0.99 | 343,149 | 1.00 | 0.69 |
+| 1 | 50 | fit | 340,710 | 336,022-340,710 | 0.99 | 341,228 | 0.99 | 333,280 | 0.97 | 2.23 |
+| 1 | 50 | fit+bar | 342,241 | 337,385-342,241 | 0.99 | 343,798 | 0.99 | 337,354 | 0.98 | 2.24 |
+| 8 | 1 | sol | 167,318 | 164,278-167,318 | 1.00 | 168,387 | 1.00 | 167,063 | 1.00 | 0.56 |
+| 8 | 1 | sol-index | 162,108 | 146,642-162,108 | 0.97 | 163,074 | 0.97 | 161,960 | 0.97 | 0.62 |
+| 8 | 1 | fit | 166,478 | 159,206-166,478 | 0.99 | 167,993 | 1.00 | 114,599 | 0.69 | 1.12 |
+| 8 | 1 | fit+bar | 164,367 | 148,407-164,367 | 0.98 | 166,112 | 0.99 | 113,312 | 0.68 | 1.11 |
+| 8 | 50 | sol | 207,159 | 193,165-207,159 | 0.98 | 208,305 | 0.99 | 207,124 | 0.98 | 0.90 |
+| 8 | 50 | sol-index | 210,720 | 184,412-210,720 | 1.00 | 211,375 | 1.00 | 210,961 | 1.00 | 0.87 |
+| 8 | 50 | fit | 203,424 | 191,198-203,424 | 0.97 | 204,473 | 0.97 | 192,498 | 0.91 | 3.29 |
+| 8 | 50 | fit+bar | 202,763 | 201,010-202,763 | 0.96 | 204,372 | 0.97 | 192,105 | 0.91 | 3.23 |
 
-K=1 again with 5 rounds (02:37, `--no-keras --devices 1 --devices 8 --steps-per-execution 1
---rounds 5`): fit / sol 0.99 and fit+bar / sol 0.97 on 1 device, 1.03 and 1.06 on 8.
-The same command 15 minutes earlier (before the live bar's redraw was throttled) gave fit /
-sol 1.01, 1.03, 1.00, 1.00 and fit+bar 0.94, 1.03, 0.93, 1.01 in the same row order. Single
-rounds of sol itself vary by up to 25 %, so fit is level with the speed-of-light loop here
-(0.96-1.10); the previous round's quiet-machine run gave 0.88, 0.97, 0.92, 0.85. fit's
-whole-call rate at 8 devices pays for replicating the 160 MB dataset on every device at
-each `fit` call (`device_data`), ~0.3 s.
+fit and the faster hand-written loop run the same compiled program with the same number of
+arguments. Their median steps agree within 1 % at K=1 and on one device (0.99-1.01); at K=50
+on 8 devices fit read 0.97 in this run and 1.00-1.01 in the earlier one, while single
+rounds of one variant vary by up to 8 %. An earlier run of the same
+command (04:29-04:39, blocks but not yet packed scalars; no median column then) gave fit /
+sol 0.98, 0.97 (bar), 1.00, 0.99 on 1 device and 0.97, 0.96, 1.00, 1.01 on 8, in the same
+row order. Before blocks, against the indexed loop alone, fit read 1.26 at K=1 on 1 device:
+the baseline was the slow one. fit's whole-call rate pays for replicating the 160 MB
+dataset on every device and cutting its blocks at each `fit` call.
+
+The GPU tables below come from the previous session (the code before blocks and packed
+scalars, and the indexed loop as sol); this session had no GPU.
 
 One H100 80GB HBM3 (16 host cores; jax 0.11.2, keras 3.15.1), 2026-11-23 02:03 UTC,
 `python benchmarks/bench_fit.py --devices 1 --rounds 5`:
