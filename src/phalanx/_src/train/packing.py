@@ -63,24 +63,17 @@ class Packing:
         return out
 
     def unpack(self, packed: list) -> list:
-        """The leaves of `packed`, in the state's order, with their original dtypes."""
-        leaves: list = [None] * self.treedef.num_leaves
-        at = 0
-        for seg in self.segments:
-            for i in seg.arrays:
-                leaves[i] = packed[at]
-                at += 1
-            for group in seg.scalars:
-                vector = packed[at]
-                at += 1
-                for j, i in enumerate(group):
-                    leaves[i] = vector[j]
-        return leaves
+        """The leaves of `packed`, in the state's order, with their original dtypes (inside
+        jit, where splitting the vectors costs nothing)."""
+        return self._assemble(packed, _entries)
 
     def leaves(self, packed: list) -> list:
         """`unpack` outside jit: the arrays as they are, the scalars split in one call."""
+        return self._assemble(packed, self._split)
+
+    def _assemble(self, packed: list, split: Any) -> list:
         vectors = [packed[i] for i in self._vector_positions]
-        split = iter(self._split(vectors)) if vectors else iter(())
+        scalars = iter(split(vectors) if vectors else ())
         leaves: list = [None] * self.treedef.num_leaves
         at = 0
         for seg in self.segments:
@@ -89,7 +82,7 @@ class Packing:
                 at += 1
             for group in seg.scalars:
                 for i in group:
-                    leaves[i] = next(split)
+                    leaves[i] = next(scalars)
                 at += 1
         return leaves
 
@@ -104,7 +97,7 @@ class Packing:
 
     @functools.cached_property
     def _split(self) -> Any:
-        return jax.jit(lambda vectors: [x for v in vectors for x in v])
+        return jax.jit(_entries)
 
     def shardings(self, leaf_shardings: list, replicated: Any) -> list:
         """The packed entries' shardings, given each leaf's (packed scalars: replicated)."""
@@ -113,6 +106,11 @@ class Packing:
             out.extend(leaf_shardings[i] for i in seg.arrays)
             out.extend(replicated for _ in seg.scalars)
         return out
+
+
+def _entries(vectors: list) -> list:
+    """Every entry of every vector, in order."""
+    return [x for vector in vectors for x in vector]
 
 
 def _segment(leaves: list, lo: int, hi: int) -> _Segment:
