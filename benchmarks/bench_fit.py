@@ -60,7 +60,12 @@ Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-24 05:08-05:2
 fit and the faster hand-written loop run the same compiled program with the same number of
 arguments. Their median steps agree within 1 % at K=1 and on one device (0.99-1.01); at K=50
 on 8 devices fit read 0.97 in this run and 1.00-1.01 in the earlier one, while single
-rounds of one variant vary by up to 8 %. An earlier run of the same
+rounds of one variant vary by up to 8 %. Reruns per device count
+(`--devices 8`, 05:35-05:42, and `--devices 1`, 05:42-05:47) gave fit / sol, steady
+(median): 8 devices 1.01 (1.01), fit+bar 1.00 (0.99) at K=1 and 1.02 (1.02), 1.01 (1.01) at
+K=50; 1 device 0.99 (0.99), 0.97 (0.97) at K=1 and 1.00 (1.00), 1.00 (1.00) at K=50. On one
+device at K=1 fit is about 1 % behind in every run: ~10-20 us of Python per step and
+0.4 ms of epoch boundary per 50 steps on a 3 ms step. An earlier run of the same
 command (04:29-04:39, blocks but not yet packed scalars; no median column then) gave fit /
 sol 0.98, 0.97 (bar), 1.00, 0.99 on 1 device and 0.97, 0.96, 1.00, 1.01 on 8, in the same
 row order. Before blocks, against the indexed loop alone, fit read 1.26 at K=1 on 1 device:
