@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 RECORD = "phalanx-checkpoint.json"
 _TMP = ".phalanx-tmp-"
@@ -119,8 +120,6 @@ def _with_rank(sharding: Any, ndim: int) -> Any:
     spec = getattr(sharding, "spec", None)
     if spec is None:
         return sharding
-    from jax.sharding import NamedSharding, PartitionSpec
-
     return NamedSharding(sharding.mesh, PartitionSpec(*spec, *[None] * (ndim - len(spec))))
 
 

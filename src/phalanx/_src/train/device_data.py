@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from phalanx._src.data.dataset import Dataset
 from phalanx._src.strategy.strategy import Strategy
@@ -95,7 +96,7 @@ class Blocks:
         self._budget = self._bytes_per_row * self._length  # one more copy of the source at most
         self._made: dict[tuple[int, int, int | None], Any] = {}
         self._cuts: dict[int | None, Any] = {}
-        self._mesh, self._axis = strategy.data_sharding.mesh, strategy.data_sharding.spec[0]
+        self._data = strategy.data_sharding  # a block's rows split over the replicas
 
     def lookup(self, batches: list[Any], rows: int, k: int | None = None) -> list[Any] | None:
         """The blocks of `batches` (row numbers, in order), when each is a whole block.
@@ -137,10 +138,8 @@ class Blocks:
     def _cut(self, k: int | None) -> Any:
         cut = self._cuts.get(k)
         if cut is None:
-            from jax.sharding import NamedSharding
-            from jax.sharding import PartitionSpec as P
-
-            spec = P(self._axis) if k is None else P(None, self._axis)
+            data = self._data
+            spec = data.spec if k is None else PartitionSpec(None, *data.spec)
 
             def take(arrays: Any, start: jax.Array, rows: int) -> Any:
                 def one(a: jax.Array) -> jax.Array:
@@ -150,6 +149,6 @@ class Blocks:
                 return jax.tree.map(one, arrays)
 
             cut = self._cuts[k] = jax.jit(
-                take, static_argnums=2, out_shardings=NamedSharding(self._mesh, spec)
+                take, static_argnums=2, out_shardings=NamedSharding(data.mesh, spec)
             )
         return cut
