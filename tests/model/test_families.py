@@ -1,9 +1,10 @@
 """Invariants run over every model family of `families.py` (issue 7):
 
-trains (the loss falls); N replicas == 1 replica; a partial batch counts its examples exactly;
-a mid-epoch `BackupAndRestore` resumes bitwise; 'mixed_bfloat16' computes every matmul and
-convolution in bfloat16; BatchNorm statistics ignore padding; Dropout draws new masks per
-step while inference stays deterministic.
+trains (the loss falls); async-safe batch ends see every batch, one dispatch late; N
+replicas == 1 replica; a partial batch counts its examples exactly; a mid-epoch
+`BackupAndRestore` resumes bitwise; 'mixed_bfloat16' computes every matmul and convolution in
+bfloat16; BatchNorm statistics ignore padding; Dropout draws new masks per step while
+inference stays deterministic.
 
 Compiles dominate the cost, so one reference run per family (fit on all devices, unshuffled)
 is shared by the invariants that only read it, and each model is as small as it can be.
@@ -50,21 +51,42 @@ def _dataset(family: Family) -> phalanx.data.Dataset:
     return phalanx.data.Dataset.from_tensor_slices(family.data(N_TRAIN, 1)).batch(BATCH)
 
 
+class _AsyncReader(phalanx.callbacks.Callback):
+    """Reads every batch's logs, and says so (`async_safe`): fit runs its batch ends once
+    the next step is dispatched. Records (epoch, batch, loss, steps dispatched)."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.epoch, self.seen = 0, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((self.epoch, batch, logs["loss"], self.model.train_step_count))
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     model: phalanx.Model
     losses: list[float]
     weights: list[np.ndarray]  # after training, a copy
     steps: int
+    batch_ends: list[tuple]  # what an async-safe reader saw (`_AsyncReader.seen`)
 
 
 @functools.cache
 def _reference(name: str, one_device: bool = False) -> Run:
-    """`EPOCHS` epochs of `fit` over the family's unshuffled dataset, from seed 0."""
+    """`EPOCHS` epochs of `fit` over the family's unshuffled dataset, from seed 0, with an
+    async-safe reader of every batch's logs (the other invariants also cover its path)."""
     family = BY_NAME[name]
     model = _model(family, jax.devices()[:1] if one_device else None)
-    history = model.fit(_dataset(family), epochs=EPOCHS, verbose=0)
-    return Run(model, list(history.history["loss"]), model.get_weights(), model.train_step_count)
+    reader = _AsyncReader()
+    history = model.fit(_dataset(family), epochs=EPOCHS, verbose=0, callbacks=[reader])
+    losses = list(history.history["loss"])
+    return Run(model, losses, model.get_weights(), model.train_step_count, reader.seen)
 
 
 # ---- the invariants -------------------------------------------------------------------------
@@ -73,6 +95,21 @@ def test_trains(family):
     losses = _reference(family.name).losses
     assert np.isfinite(losses).all(), losses
     assert (np.diff(losses) < 0).all(), losses  # every epoch lower than the one before
+
+
+@families
+def test_async_safe_batch_ends_see_every_batch_once_the_next_is_dispatched(family):
+    run = _reference(family.name)
+    steps = N_TRAIN // BATCH
+    assert [(e, b) for e, b, *_ in run.batch_ends] == [
+        (e, b) for e in range(EPOCHS) for b in range(steps)
+    ]
+    # The last batch's running loss is the epoch's loss, and the step after each batch
+    # within its epoch was already dispatched when its hook ran.
+    assert [loss for _, b, loss, _ in run.batch_ends if b == steps - 1] == run.losses
+    assert [n for *_, n in run.batch_ends] == [
+        e * steps + min(b + 2, steps) for e in range(EPOCHS) for b in range(steps)
+    ]
 
 
 @families

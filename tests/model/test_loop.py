@@ -49,7 +49,9 @@ def test_no_thread_outlives_fit(all_devices, error):
 def test_hooks_nobody_overrides_cost_no_device_sync(all_devices, monkeypatch):
     fetches = []
     real = feed.fetch_logs
-    monkeypatch.setattr(feed, "fetch_logs", lambda model: fetches.append(1) or real(model))
+    monkeypatch.setattr(
+        feed, "fetch_logs", lambda model, values=None: fetches.append(1) or real(model, values)
+    )
     x, y = make_data(80)
     model = build(all_devices)
     model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 5 steps an epoch
@@ -67,6 +69,63 @@ def test_hooks_nobody_overrides_cost_no_device_sync(all_devices, monkeypatch):
     every = EveryBatch()
     model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[every])
     assert len(every.seen) == 10 and len(fetches) == 2 + 10
+
+
+class _Reader(phalanx.callbacks.Callback):
+    """Records each batch end: (batch, its logs, how many steps the model had dispatched)."""
+
+    def __init__(self, async_safe=False, stop_at=None):
+        super().__init__()
+        self.async_safe = async_safe
+        self.stop_at = stop_at
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((batch, dict(logs), self.model.train_step_count))
+        if batch == self.stop_at:
+            self.model.stop_training = True
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_async_safe_batch_ends_run_after_the_next_dispatch_with_the_same_logs(all_devices, k):
+    x, y = make_data(80)  # 5 batches an epoch: calls of 1 step, or of 2, 2 and 1 at K=2
+    runs = []
+    for async_safe in (False, True):
+        model = build(all_devices, optimizer="adam", steps_per_execution=k)
+        reader = _Reader(async_safe)
+        history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[reader])  # fmt: skip
+        runs.append((reader.seen, history.history["loss"], model.get_weights()))
+    (sync, sync_history, sync_weights), (deferred, history, weights) = runs
+    # The same hooks with the same logs, and the same training...
+    assert [(b, logs) for b, logs, _ in deferred] == [(b, logs) for b, logs, _ in sync]
+    assert history == sync_history
+    for a, b in zip(weights, sync_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # ...but each call's hooks ran once the next call of its epoch was dispatched.
+    done = [count for _, _, count in sync]
+    ahead = [done[i + 1] if sync[i + 1][0] > sync[i][0] else done[i] for i in range(len(done) - 1)]
+    assert [count for _, _, count in deferred] == [*ahead, done[-1]]
+    assert ahead != done[:-1]
+
+
+def test_one_callback_that_is_not_async_safe_keeps_every_batch_end_in_step():
+    x, y = make_data(48)
+    strategy = phalanx.Strategy(devices=jax.devices()[:1])
+    mixed = [_Reader(async_safe=True), _Reader()]
+    build(strategy).fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=mixed)
+    for reader in mixed:
+        assert [count for *_, count in reader.seen] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("async_safe", "steps"), [(False, 2), (True, 3)])
+def test_stop_training_from_a_batch_end_stops_after_that_call_or_the_next(async_safe, steps):
+    x, y = make_data(80)
+    model = build(phalanx.Strategy(devices=jax.devices()[:1]))
+    reader = _Reader(async_safe, stop_at=1)
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[reader])
+    assert model.train_step_count == steps
+    assert [batch for batch, *_ in reader.seen] == list(range(steps))
 
 
 @pytest.mark.parametrize("variant", [{"device_data": False}, {"prefetch": 0}])

@@ -308,7 +308,7 @@ class _InFlight:
 
 
 def next_batch(feed: Any, in_flight: _InFlight, meter: InputWaitMeter | None) -> Any:
-    """The next device batch, timing only what the devices wait for.
+    """The next device batch (None at the end), timing only what the devices wait for.
 
     With async dispatch the host often waits for a batch while the devices still run the
     steps already queued; that is not input wait. So when no batch is ready, the queued work
@@ -335,13 +335,14 @@ def reset_metrics(model: Model) -> None:
     model._set_state_leaves([*fn(leaves[:n]), *leaves[n:]])
 
 
-def fetch_logs(model: Model) -> dict[str, float]:
-    """The current loss and metric values as Python floats (one device fetch).
+def fetch_logs(model: Model, values: list[jax.Array] | None = None) -> dict[str, float]:
+    """The loss and metric values as Python floats (one device fetch): `values`, a compiled
+    call's logs, or by default the current ones.
 
     The last compiled call already returned them for the sums it left in `model._state`
     (`execution.log_values`); only other sums (e.g. just reset) need a call of their own.
     """
-    values = model._last_logs
+    values = model._last_logs if values is None else values
     if values is None:
         metrics = model._state["metrics"]
         fn = model._compiled_fns.get("logs")
@@ -381,6 +382,11 @@ def run_phase(
     table is then made before this epoch ends (`Tables`). `blocks`: `source` cut into whole
     batches, which training calls take directly when the batches read them in order.
 
+    The batch-end hooks run after each execution, before the next one is dispatched; when
+    every receiver is `async_safe` (`CallbackList.batch_end_deferred`) they run just after
+    the next one is dispatched instead, so the devices do not idle while the host reads
+    the logs and runs them (a progress bar, a logger).
+
     Returns:
       `(steps run, whether the source ran out, the source's position after the last batch
       run, or None when the source cannot report it)`.
@@ -397,6 +403,8 @@ def run_phase(
     begin_hook = callbacks.batch_hook(phase, "begin")
     end_hook = callbacks.batch_hook(phase, "end")
     interval = callbacks.batch_logs_interval(phase)
+    deferred = end_hook is not None and callbacks.batch_end_deferred(phase)
+    pending: tuple[int, Any] | None = None  # a deferred batch end: (batch, its log values)
     in_flight = _InFlight()
     steps = 0
     next_fetch = interval or 0
@@ -411,18 +419,14 @@ def run_phase(
     else:
         feed = Direct(groups, runner.put)
     advance = getattr(feed, "advance", None)
+    position = None
     with feed:
-        while True:
-            if steps > 0:
-                item = next_batch(feed, in_flight, meter)
-            else:
-                item = next(feed, None)
-                if meter is not None:
-                    # The wait for the first batch is the pipeline's start-up (threads,
-                    # workers, the first transfer), not its steady state: the clock starts here.
-                    meter.start_epoch()
-            if item is None:
-                break
+        item = next(feed, None)
+        if meter is not None:
+            # The wait for the first batch is the pipeline's start-up (threads, workers, the
+            # first transfer), not its steady state: the clock starts here.
+            meter.start_epoch()
+        while item is not None:
             n = runner.batches_in(item)
             if begin_hook is not None:
                 begin_hook(steps, None)
@@ -437,18 +441,44 @@ def run_phase(
                     meter.step_done()
             if on_state is not None:
                 on_state(steps, feed)
+            # The next item is taken while the devices run this call, before its hooks wait
+            # for its logs: after that wait, only the hooks run before the next dispatch.
+            if feed.checkpointable:
+                position = feed.get_state()  # where a stop below leaves the source
+            item = next_batch(feed, in_flight, meter)
+            if pending is not None:  # the last execution's, now that this one is queued
+                logs = _end_batch(model, end_hook, *pending, logs)
+                pending = None
             if end_hook is not None:
+                values = None
                 if interval is not None and steps >= next_fetch:
-                    logs = fetch_logs(model)
+                    values = model._last_logs
                     next_fetch = steps + interval
-                end_hook(steps - 1, logs)  # the hook hands the callbacks a copy
+                if deferred:
+                    pending = (steps - 1, values)
+                else:
+                    logs = _end_batch(model, end_hook, steps - 1, values, logs)
             if phase == "train" and model.stop_training:
                 break
+        if pending is not None:
+            _end_batch(model, end_hook, *pending, logs)
         in_flight.drain()
-        position = feed.get_state() if feed.checkpointable else None
+        if item is None and feed.checkpointable:
+            position = feed.get_state()
     if phase == "train":
         model._next_table = None if model.stop_training else getattr(feed, "next_table", None)
     return steps, groups.exhausted, position
+
+
+def _end_batch(
+    model: Model, hook: Any, batch: int, values: list | None, logs: dict[str, float]
+) -> dict[str, float]:
+    """Calls the batch-end `hook` with `values` fetched, or with the last fetched `logs`
+    when `values` is None (no fetch due); returns the logs it was given."""
+    if values is not None:
+        logs = fetch_logs(model, values)
+    hook(batch, logs)  # the hook hands the callbacks a copy
+    return logs
 
 
 def close(iterator: Any) -> None:

@@ -65,6 +65,11 @@ class Callback:
     overriding either name works.
 
     Attributes:
+      async_safe: Keras's flag (default False). True says the callback's batch-end hooks
+        only read their arguments: the loop may then call them after it has dispatched the
+        next execution, so the devices never wait for the host between steps. fit defers
+        the batch-end hooks only when every callback that has one is async-safe; a
+        `model.stop_training` set there then stops fit one execution later.
       model: the model being trained, set by the loop through `set_model` (see the module
         docstring for the attributes built-in callbacks use).
       params: dict set by `set_params`: 'epochs', 'steps' (per epoch, or None if unknown)
@@ -75,6 +80,8 @@ class Callback:
       ...     def on_epoch_end(self, epoch, logs=None):
       ...         print(epoch, logs["loss"])
     """
+
+    async_safe = False
 
     def __init__(self) -> None:
         self.params: dict[str, Any] = {}

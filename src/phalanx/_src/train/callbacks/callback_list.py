@@ -35,7 +35,9 @@ class CallbackList:
     * `needs_batch_hooks(mode)`: False means skip the per-batch hook calls entirely;
     * `batch_logs_interval(mode)`: None means no callback needs per-batch values, so logs
       are fetched from the device only at epoch end; k means fetch them at least every k
-      batches (pass `{}` or the last fetched logs in between).
+      batches (pass `{}` or the last fetched logs in between);
+    * `batch_end_deferred(mode)`: True means every batch-end receiver is `async_safe`, so
+      the hooks of an execution may run after the next one is dispatched.
 
     Logs given to hooks are converted once to Python floats and the same dict is passed to
     every callback (so a callback may add keys for later ones, as LearningRateScheduler adds
@@ -116,6 +118,16 @@ class CallbackList:
     def needs_batch_hooks(self, mode: str = "train") -> bool:
         """Whether any callback uses per-batch hooks in `mode` ('train', 'test', 'predict')."""
         return any(c.uses_batch_hooks(mode) for c in self.callbacks)
+
+    def batch_end_deferred(self, mode: str = "train") -> bool:
+        """Whether the loop may call the batch-end hooks of `mode` after dispatching the next
+        execution: every callback that has one is `async_safe` (Keras's rule), and none has
+        a batch-begin hook (so each batch's hooks still run in order)."""
+        mode = _check_mode(mode)
+        if self.batch_hook(mode, "begin") is not None:
+            return False
+        receivers = self._by_hook[f"on_{mode}_batch_end"]
+        return all(c.async_safe for c in receivers if c.uses_batch_hooks(mode))
 
     def batch_logs_interval(self, mode: str = "train") -> int | None:
         """The most frequent per-batch log fetch any callback needs in `mode`, or None."""

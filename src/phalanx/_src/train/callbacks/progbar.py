@@ -88,6 +88,8 @@ class ProgbarLogger(Callback):
       Epoch 1/3 - 58 steps - 1.2s - accuracy: 0.8812 - loss: 0.4210 - 50.1k examples/s
     """
 
+    async_safe = True  # it only draws what it is given
+
     def __init__(
         self, verbose: int | None = None, stream: TextIO | None = None, width: int = 30
     ) -> None:
