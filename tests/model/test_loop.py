@@ -128,6 +128,51 @@ def test_stop_training_from_a_batch_end_stops_after_that_call_or_the_next(async_
     assert [batch for batch, *_ in reader.seen] == list(range(steps))
 
 
+class _EpochRecorder(phalanx.callbacks.Callback):
+    """Records every hook it gets, in order, with the steps dispatched at the time."""
+
+    def __init__(self, async_safe):
+        super().__init__()
+        self.async_safe = async_safe
+        self.seen = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen.append(("begin", epoch, self.model.train_step_count))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(("batch", batch, self.model.train_step_count))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(("end", epoch, self.model.train_step_count, logs["loss"]))
+
+
+@pytest.mark.parametrize("validation_freq", [None, 2])
+def test_async_safe_epoch_hooks_run_once_the_next_epoch_is_dispatched(validation_freq):
+    x, y = make_data(64)  # 4 steps an epoch
+    runs = []
+    for async_safe in (False, True):
+        model = build(phalanx.Strategy(devices=jax.devices()[:1]), optimizer="adam")
+        recorder = _EpochRecorder(async_safe)
+        kwargs = {} if validation_freq is None else {"validation_data": (x, y)}
+        history = model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0,
+                            callbacks=[recorder], validation_freq=validation_freq or 1,
+                            **kwargs)  # fmt: skip
+        runs.append((recorder.seen, history.history, model.get_weights()))
+    (sync, sync_history, sync_weights), (deferred, history, weights) = runs
+    # The same hooks in the same order with the same logs, and the same training...
+    assert [h[:2] + h[3:] for h in deferred] == [h[:2] + h[3:] for h in sync]
+    assert history["loss"] == sync_history["loss"]
+    assert history.get("val_loss") == sync_history.get("val_loss")
+    for a, b in zip(weights, sync_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # ...but an epoch's end and the next one's begin ran after the next epoch's first step was
+    # dispatched (batch hooks run one step behind), except where the epoch validated.
+    ends = {h[1]: h[2] for h in deferred if h[0] == "end"}
+    validated = {e for e in range(4) if validation_freq and (e + 1) % validation_freq == 0}
+    assert ends == {e: 4 * (e + 1) + (e < 3 and e not in validated) for e in range(4)}
+    assert {h[1]: h[2] for h in sync if h[0] == "end"} == {e: 4 * (e + 1) for e in range(4)}
+
+
 @pytest.mark.parametrize("variant", [{"device_data": False}, {"prefetch": 0}])
 def test_feeding_variants_give_the_same_numbers(all_devices, variant):
     x, y = make_data(100)

@@ -14,6 +14,7 @@ Used when the arrays fit: `device_data='auto'` caches up to a quarter of a devic
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -95,7 +96,6 @@ class Blocks:
         self._bytes_per_row = sum(a.dtype.itemsize * a.size for a in leaves) // max(self._length, 1)
         self._budget = self._bytes_per_row * self._length  # one more copy of the source at most
         self._made: dict[tuple[int, int, int | None], Any] = {}
-        self._cuts: dict[int | None, Any] = {}
         self._data = strategy.data_sharding  # a block's rows split over the replicas
 
     def lookup(self, batches: list[Any], rows: int, k: int | None = None) -> list[Any] | None:
@@ -132,23 +132,21 @@ class Blocks:
             if size > self._budget:
                 return None
             self._budget -= size
-            block = self._made[key] = self._cut(k)(self._arrays, np.int32(start), rows)
+            block = self._made[key] = _cut(self._data, k)(self._arrays, np.int32(start), rows)
         return block
 
-    def _cut(self, k: int | None) -> Any:
-        cut = self._cuts.get(k)
-        if cut is None:
-            data = self._data
-            spec = data.spec if k is None else PartitionSpec(None, *data.spec)
 
-            def take(arrays: Any, start: jax.Array, rows: int) -> Any:
-                def one(a: jax.Array) -> jax.Array:
-                    block = jax.lax.dynamic_slice_in_dim(a, start, rows * (k or 1))
-                    return block if k is None else block.reshape(k, rows, *a.shape[1:])
+@functools.cache
+def _cut(data: NamedSharding, k: int | None) -> Any:
+    """`(arrays, start, rows) -> block`: the compiled cut of `Blocks`, one per sharding and
+    K for the process (so a later `fit` call does not trace and compile it again)."""
+    spec = data.spec if k is None else PartitionSpec(None, *data.spec)
 
-                return jax.tree.map(one, arrays)
+    def take(arrays: Any, start: jax.Array, rows: int) -> Any:
+        def one(a: jax.Array) -> jax.Array:
+            block = jax.lax.dynamic_slice_in_dim(a, start, rows * (k or 1))
+            return block if k is None else block.reshape(k, rows, *a.shape[1:])
 
-            cut = self._cuts[k] = jax.jit(
-                take, static_argnums=2, out_shardings=NamedSharding(data.mesh, spec)
-            )
-        return cut
+        return jax.tree.map(one, arrays)
+
+    return jax.jit(take, static_argnums=2, out_shardings=NamedSharding(data.mesh, spec))

@@ -375,12 +375,15 @@ def run_phase(
     steps_hint: int | None = None,
     next_limit: int | None = None,
     blocks: device_data.Blocks | None = None,
+    after_first: Any = None,
 ) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 
     `next_limit`: the next epoch's step count when it reads on from `iterator`; its first
     table is then made before this epoch ends (`Tables`). `blocks`: `source` cut into whole
     batches, which training calls take directly when the batches read them in order.
+    `after_first`: called once the phase's first call is dispatched (fit runs the last
+    epoch's end there, see `loop.fit`).
 
     The batch-end hooks run after each execution, before the next one is dispatched; when
     every receiver is `async_safe` (`CallbackList.batch_end_deferred`) they run just after
@@ -439,6 +442,9 @@ def run_phase(
             if meter is not None:
                 for _ in range(n):
                     meter.step_done()
+            if after_first is not None:
+                after_first, first = None, after_first
+                first()
             if on_state is not None:
                 on_state(steps, feed)
             # The next item is taken while the devices run this call, before its hooks wait

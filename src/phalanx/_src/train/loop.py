@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -128,13 +129,22 @@ def fit(
     cbs.on_train_begin()
     start_epoch = model._fit_epoch  # BackupAndRestore may move it in on_train_begin
     iterator: Iterator[Any] | None = None
+    # An epoch's end (its logs, `on_epoch_end`) and the next one's `on_epoch_begin` run
+    # once the next epoch's first call is dispatched, when every callback with an epoch
+    # hook is async-safe and nothing else happens in between (validation, a stop).
+    overlap = cbs.epoch_hooks_deferred()
+    deferred: Callable[[], None] | None = None
     # SIGTERM: every process backs up at one agreed step and exits 143 (see preemption.py).
     watch = preemption.PreemptionWatch(model, cbs).start()
     try:
         for epoch in range(start_epoch, epochs):
             model._fit_epoch = epoch
             feed.reset_metrics(model)
-            cbs.on_epoch_begin(epoch)
+            begin = functools.partial(cbs.on_epoch_begin, epoch)
+            if deferred is None:
+                begin()
+            else:
+                begin = _then(deferred, begin)
             t0 = time.perf_counter()
             iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
             iterator = checks.watch(model, iterator, source, checked)  # each batch, if not all
@@ -153,25 +163,43 @@ def fit(
                 # A carried iterator's next epoch starts reading before this one ends.
                 next_limit=steps_per_epoch if epoch + 1 < epochs else None,
                 blocks=blocks,
+                after_first=None if deferred is None else begin,
             )
+            if deferred is not None and steps == 0:
+                begin()  # no call was dispatched to run it after
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
             if carried is None:
                 feed.close(iterator)
             elapsed = time.perf_counter() - t0
-            epoch_logs = feed.fetch_logs(model)
-            examples = float(steps * _global_batch(data))
-            epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
-            epoch_logs["input_wait_fraction"] = meter.epoch_summary()["input_wait_fraction"]
-            epoch_logs.update(flop_rate.epoch_logs(model, iterator, steps, elapsed, source))
-            if val_data is not None and (epoch + 1) % validation_freq == 0:
-                val_logs = _evaluate_logs(model, val_data, validation_steps)
-                epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            if steps == 0:
-                warnings.warn(
-                    f"epoch {epoch + 1} ran no step: the data is empty or ran out", stacklevel=3
-                )
-            cbs.on_epoch_end(epoch, epoch_logs)
+            values = model._last_logs  # the last call's logs, before the next reset
+            wait = meter.epoch_summary()["input_wait_fraction"]
+            validates = val_data is not None and (epoch + 1) % validation_freq == 0
+
+            def end(epoch=epoch, iterator=iterator, steps=steps, elapsed=elapsed, values=values,
+                    wait=wait, validates=validates) -> None:  # fmt: skip
+                """The epoch's logs (the call to validate included) and `on_epoch_end`."""
+                nonlocal epoch_logs
+                epoch_logs = feed.fetch_logs(model, values)
+                examples = float(steps * _global_batch(data))
+                epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
+                epoch_logs["input_wait_fraction"] = wait
+                epoch_logs.update(flop_rate.epoch_logs(model, iterator, steps, elapsed, source))
+                if validates:
+                    val_logs = _evaluate_logs(model, val_data, validation_steps)
+                    epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
+                if steps == 0:
+                    warnings.warn(
+                        f"epoch {epoch + 1} ran no step: the data is empty or ran out",
+                        stacklevel=4,
+                    )
+                cbs.on_epoch_end(epoch, epoch_logs)
+
+            if overlap and epoch + 1 < epochs and steps and not (validates or model.stop_training):
+                deferred = end
+                continue
+            deferred = None
+            end()
             if model.stop_training:
                 break
     finally:
@@ -182,6 +210,14 @@ def fit(
         model._next_table = None
     cbs.on_train_end(epoch_logs)
     return model.history
+
+
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+
+    return both
 
 
 def _epoch_iterator(

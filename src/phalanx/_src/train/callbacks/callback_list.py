@@ -37,7 +37,8 @@ class CallbackList:
       are fetched from the device only at epoch end; k means fetch them at least every k
       batches (pass `{}` or the last fetched logs in between);
     * `batch_end_deferred(mode)`: True means every batch-end receiver is `async_safe`, so
-      the hooks of an execution may run after the next one is dispatched.
+      the hooks of an execution may run after the next one is dispatched;
+    * `epoch_hooks_deferred()`: the same for the epoch hooks, at the next epoch's first call.
 
     Logs given to hooks are converted once to Python floats and the same dict is passed to
     every callback (so a callback may add keys for later ones, as LearningRateScheduler adds
@@ -128,6 +129,13 @@ class CallbackList:
             return False
         receivers = self._by_hook[f"on_{mode}_batch_end"]
         return all(c.async_safe for c in receivers if c.uses_batch_hooks(mode))
+
+    def epoch_hooks_deferred(self) -> bool:
+        """Whether fit may run an epoch's `on_epoch_end` and the next one's `on_epoch_begin`
+        after dispatching the next epoch's first call: every callback that has either hook
+        is `async_safe` (History and the progress bar are)."""
+        hooks = ("on_epoch_begin", "on_epoch_end")
+        return all(c.async_safe for hook in hooks for c in self._by_hook[hook])
 
     def batch_logs_interval(self, mode: str = "train") -> int | None:
         """The most frequent per-batch log fetch any callback needs in `mode`, or None."""

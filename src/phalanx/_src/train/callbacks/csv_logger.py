@@ -28,6 +28,8 @@ class CSVLogger(Callback):
       >>> model.fit(x, y, epochs=10, callbacks=[CSVLogger("runs/train.csv")])
     """
 
+    async_safe = True  # it only records what it is given
+
     def __init__(self, filename: str | os.PathLike, separator: str = ",", append: bool = False):
         super().__init__()
         self.filename = os.fspath(filename)

@@ -22,6 +22,8 @@ class History(Callback):
       >>> history.plot().savefig("curves.png")  # needs matplotlib (the `plot` extra)
     """
 
+    async_safe = True  # it only records what it is given
+
     def __init__(self) -> None:
         super().__init__()
         self.history: dict[str, list[Any]] = {}
