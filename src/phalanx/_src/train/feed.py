@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -375,7 +375,7 @@ def run_phase(
     steps_hint: int | None = None,
     next_limit: int | None = None,
     blocks: device_data.Blocks | None = None,
-    after_first: Any = None,
+    after_first: Callable[[], None] | None = None,
 ) -> tuple[int, bool, Any]:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 

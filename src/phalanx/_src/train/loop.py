@@ -172,34 +172,27 @@ def fit(
             if carried is None:
                 feed.close(iterator)
             elapsed = time.perf_counter() - t0
-            values = model._last_logs  # the last call's logs, before the next reset
-            wait = meter.epoch_summary()["input_wait_fraction"]
             validates = val_data is not None and (epoch + 1) % validation_freq == 0
-
-            def end(epoch=epoch, iterator=iterator, steps=steps, elapsed=elapsed, values=values,
-                    wait=wait, validates=validates) -> None:  # fmt: skip
-                """The epoch's logs (the call to validate included) and `on_epoch_end`."""
-                nonlocal epoch_logs
-                epoch_logs = feed.fetch_logs(model, values)
-                examples = float(steps * _global_batch(data))
-                epoch_logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
-                epoch_logs["input_wait_fraction"] = wait
-                epoch_logs.update(flop_rate.epoch_logs(model, iterator, steps, elapsed, source))
-                if validates:
-                    val_logs = _evaluate_logs(model, val_data, validation_steps)
-                    epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
-                if steps == 0:
-                    warnings.warn(
-                        f"epoch {epoch + 1} ran no step: the data is empty or ran out",
-                        stacklevel=4,
-                    )
-                cbs.on_epoch_end(epoch, epoch_logs)
-
+            end = functools.partial(
+                _end_epoch,
+                model,
+                cbs,
+                epoch,
+                model._last_logs,  # the last call's logs, before the next reset
+                steps,
+                float(steps * _global_batch(data)),
+                elapsed,
+                meter.epoch_summary()["input_wait_fraction"],
+                iterator,
+                source,
+                val_data if validates else None,
+                validation_steps,
+            )
             if overlap and epoch + 1 < epochs and steps and not (validates or model.stop_training):
-                deferred = end
+                deferred = end  # the logs of an epoch before the last are only the hooks'
                 continue
             deferred = None
-            end()
+            epoch_logs = end()
             if model.stop_training:
                 break
     finally:
@@ -210,6 +203,35 @@ def fit(
         model._next_table = None
     cbs.on_train_end(epoch_logs)
     return model.history
+
+
+def _end_epoch(
+    model: Model,
+    cbs: CallbackList,
+    epoch: int,
+    values: Any,
+    steps: int,
+    examples: float,
+    elapsed: float,
+    wait: float,
+    iterator: Iterator[Any],
+    source: Any,
+    val_data: Any,
+    validation_steps: int | None,
+) -> dict[str, float]:
+    """The epoch's logs (validating on `val_data` if given) after `on_epoch_end` got them;
+    `values`: the epoch's last call's log values."""
+    logs = feed.fetch_logs(model, values)
+    logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
+    logs["input_wait_fraction"] = wait
+    logs.update(flop_rate.epoch_logs(model, iterator, steps, elapsed, source))
+    if val_data is not None:
+        val_logs = _evaluate_logs(model, val_data, validation_steps)
+        logs.update({f"val_{k}": v for k, v in val_logs.items()})
+    if steps == 0:
+        warnings.warn(f"epoch {epoch + 1} ran no step: the data is empty or ran out", stacklevel=4)
+    cbs.on_epoch_end(epoch, logs)
+    return logs
 
 
 def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
