@@ -1,4 +1,4 @@
-"""The packed form of the training state: scalars by dtype, both ways, inside jit too."""
+"""The packed form of the training state: small leaves by width, both ways, inside jit too."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import optax
 from flax import nnx
 
 import phalanx
-from phalanx._src.train.packing import Packing
+from phalanx._src.train.packing import SMALL, Packing
 
 
 def _state():
@@ -15,6 +15,7 @@ def _state():
     repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     n = jax.device_count()
+    assert n > 1, "the conftest sets several CPU devices: 'sharded' must be split"
     return {
         "metrics": [jax.device_put(np.float32(3.0), repl), jax.device_put(np.int32(7), repl)],
         "opt": {
@@ -22,29 +23,66 @@ def _state():
             "lr": jax.device_put(np.float32(0.1), repl),
             "weak": jnp.asarray(2.0),  # weakly typed: stays as it is
             "key": jax.random.key(0),  # a PRNG key: stays as it is
-            "sharded": jax.device_put(np.arange(2 * n, dtype=np.float32), rows),
+            "sharded": jax.device_put(np.arange(2 * n, dtype=np.float32), rows),  # stays
+            "scale": jax.device_put(jnp.bfloat16(-1.5), repl),
+            "finite": jax.device_put(np.bool_(True), repl),
+            "small": jax.device_put(np.int8(-3), repl),
+            "half": jax.device_put(np.float16(0.25), repl),
         },
-        "params": jax.device_put(np.ones((3, 2), np.float32), repl),
+        "params": {
+            "big": jax.device_put(np.arange(SMALL + 1, dtype=np.float32), repl),  # stays
+            "small": jax.device_put(np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5, repl),
+        },
     }
 
 
-def test_scalars_pack_by_dtype_and_come_back_unchanged():
+def _assert_same(back, leaves):
+    assert len(back) == len(leaves)
+    for got, want in zip(back, leaves, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
+            np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))
+        else:
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_small_leaves_pack_by_width_and_come_back_unchanged():
     leaves, treedef = jax.tree.flatten(_state())
     packing = Packing.of(treedef, leaves, metric_leaves=2)
     packed = packing.pack(leaves)
-    # metrics: one float32 and one int32 vector; the rest: weak, key, sharded, params as they
-    # are, then one int32 and one float32 vector.
-    assert packing.metric_count == 2
-    assert len(packed) == 2 + 4 + 2 < len(leaves) + 1
+    # metrics: float32 and int32 in one uint32 vector; the rest: key, sharded, weak and the big
+    # array as they are, then one vector per width in leaf order: 32 (count, lr, the small
+    # (3, 2) array), bool (finite), 16 (half, scale), 8 (small).
+    assert packing.metric_count == 1
+    assert [(str(v.dtype), v.shape) for v in (packed[0], *packed[-4:])] == [
+        ("uint32", (2,)),
+        ("uint32", (8,)),
+        ("bool", (1,)),
+        ("uint16", (2,)),
+        ("uint8", (1,)),
+    ]
+    assert len(packed) == 1 + 4 + 4
     for back in (packing.leaves(packed), jax.jit(packing.unpack)(packed)):
-        assert len(back) == len(leaves)
-        for got, want in zip(back, leaves, strict=True):
-            assert got.dtype == want.dtype and got.shape == want.shape
-            if jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
-                np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))
-            else:
-                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert packing.leaves(packed)[-1] is packed[-3]  # arrays (params, last) pass as they are
+        _assert_same(back, leaves)
+    assert packing.leaves(packed)[-2] is packed[-5]  # arrays (the big one) pass as they are
+
+
+def test_without_arrays_only_scalars_are_packed():
+    leaves, treedef = jax.tree.flatten(_state())
+    packing = Packing.of(treedef, leaves, metric_leaves=2, arrays=False)
+    packed = packing.pack(leaves)
+    assert len(packed) == 1 + 5 + 4  # the small (3, 2) array stays an argument of its own
+    assert packing.leaves(packed)[-1] is packed[-5]
+    _assert_same(jax.jit(packing.unpack)(packed), leaves)
+
+
+def test_zeroing_a_packed_vector_zeroes_each_of_its_scalars():
+    leaves, treedef = jax.tree.flatten(_state())
+    packing = Packing.of(treedef, leaves, metric_leaves=2)
+    packed = packing.pack(leaves)
+    zeroed = [jnp.zeros_like(packed[0]), *packed[1:]]  # as `reset_metrics` does
+    total, count = packing.leaves(zeroed)[:2]
+    assert (total.dtype, float(total), count.dtype, int(count)) == (np.float32, 0.0, np.int32, 0)
 
 
 def test_fit_keeps_the_state_packed_between_calls():

@@ -56,6 +56,8 @@ class DatasetIterator:
         self._streaming = isinstance(self._node, stream.Stream)
         self._cursor: Any = None
         self._cursor_state: Any = None
+        self._seeds_of: Any = None  # the node whose seeds `_seed_values` holds
+        self._seed_values: list[int] = []
         # Read once: walking the chain on every next() would cost more than the check.
         self._threaded = not self._streaming and (dataset.num_workers > 0 or dataset._prefetch > 0)
 
@@ -140,15 +142,19 @@ class DatasetIterator:
         """
         if not 0 <= back <= self._step or (back and self._streaming):
             raise ValueError(f"cannot go back {back} elements from step {self._step}")
-        state = {
-            "epoch": self._epoch,
-            "step": self._step - back,
-            "seeds": [int(s) for s in index_ops.seeds(self._node)],
-        }
+        state = {"epoch": self._epoch, "step": self._step - back, "seeds": self._seeds()}
         if self._streaming:
             cursor = self._cursor
             state["cursor"] = self._cursor_state if cursor is None else cursor.state()
         return state
+
+    def _seeds(self) -> list[int]:
+        """The pipeline's shuffle seeds (a fresh list), read from the chain once per node:
+        a loop that saves the position of every batch asks for them at every step."""
+        if self._seeds_of is not self._node:
+            self._seeds_of = self._node
+            self._seed_values = [int(s) for s in index_ops.seeds(self._node)]
+        return list(self._seed_values)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Moves to a position saved by `get_state`, possibly from another process.

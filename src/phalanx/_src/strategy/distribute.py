@@ -135,6 +135,7 @@ class BatchDistributor:
         self.per_replica: int | None = None
         self._full_mask: jax.Array | None = None  # reused: most batches are full
         self._full: np.ndarray | None = None  # its local rows: all True
+        self._slots: int | None = None  # this process's rows per batch (set with per_replica)
         if global_batch_size is not None:
             replicas = strategy.num_replicas_in_sync
             if drop_remainder and global_batch_size % replicas:
@@ -176,10 +177,12 @@ class BatchDistributor:
         """Whether `batch` fills every slot (fixed by the first batch, see `fix_rows`): in one
         process, a step can then be compiled without its mask (every process must agree on
         that, and only one process knows it has no padding)."""
-        if jax.process_count() > 1 or self.per_replica is None:
+        if self.per_replica is None or jax.process_count() > 1:
             return False
-        slots = self.strategy.num_local_replicas * self.per_replica
-        return int(np.shape(jax.tree.leaves(batch)[0])[0]) == slots
+        if self._slots is None:  # asked once per batch: the count walks the devices
+            self._slots = self.strategy.num_local_replicas * self.per_replica
+        leaf = batch if isinstance(batch, np.ndarray) else jax.tree.leaves(batch)[0]
+        return int(np.shape(leaf)[0]) == self._slots
 
     def _agree(self, per_replica: int) -> int:
         """The largest of every process's `per_replica`, so all build the same global shape.

@@ -171,9 +171,9 @@ class Model:
 
         The loop's compiled calls take and return the state's leaves (`_state_leaves`): a
         flat list crosses jit's C++ dispatch without a Python callback per variable, which
-        the NNX `State` tree needs (~14 per step for a small MLP, issue 9), and its scalars
-        travel packed into one vector per dtype (`packing`). The tree is rebuilt from the
-        leaves only when something reads it.
+        the NNX `State` tree needs (~14 per step for a small MLP, issue 9), and its small
+        leaves travel packed into one vector per bit width (`packing`). The tree is rebuilt
+        from the leaves only when something reads it.
         """
         if self._tree is None and self._leaves is not None:
             packing = self._packing
@@ -191,7 +191,9 @@ class Model:
         if self._leaves is None:
             leaves, treedef = jax.tree.flatten(self._tree)
             metrics = treedef.children()[0].num_leaves  # "metrics" sorts first
-            packing = Packing.of(treedef, leaves, metrics)
+            # Small arrays join the packed vectors unless the strategy lays the state out.
+            replicated = self.strategy.state_sharding == "replicated"
+            packing = Packing.of(treedef, leaves, metrics, arrays=replicated)
             if packing != self._packing:  # else keep the one the compiled calls know
                 self._packing = packing
             self._leaves = self._packing.pack(leaves)

@@ -1,13 +1,17 @@
-"""The training state's leaves as the compiled calls take them: scalars packed by dtype.
+"""The training state's leaves as the compiled calls take them: small leaves packed by width.
 
-A state has many scalar leaves: metric sums and counts, the optimizer's step count and
-injected hyperparameters, the accumulator's counters, the loss scale. Each argument costs
-jit's dispatch a buffer on every device at every call: 10 scalars add ~33 us per call on one
-XLA:CPU device and ~130 us on 8 (issue 9), a few percent of a small step. So between the
-compiled calls the state lives as its array leaves plus one vector per dtype holding its
-scalars, in two segments (the metric sums first, which evaluation donates and
-`reset_metrics` zeroes, then the rest); the calls unpack them inside jit, where that costs
-nothing, and pack their results again.
+A state has many small leaves: metric sums and counts, the optimizer's step count and
+injected hyperparameters, the accumulator's counters, the loss scale, and every bias,
+normalisation scale and batch statistic with its optimizer moments. Each argument costs
+jit's dispatch a buffer on every device at every call, and each result another: 10 scalars
+add ~33 us per call on one XLA:CPU device and ~130 us on 8 (issue 9), a few percent of a
+small step. So between the compiled calls the state lives as its large arrays plus one
+flat vector per bit width holding every small replicated leaf (`SMALL` elements at most),
+in two segments (the metric sums first, which evaluation donates and `reset_metrics`
+zeroes, then the rest). The calls unpack the vectors inside jit, where a slice costs
+nothing, and pack their results again (one small concatenation). Leaves of one width share
+a vector of unsigned integers, bit for bit (an int32 step count beside a float32 bias: one
+uint32 vector; zero bits are zero in every dtype, so zeroing a vector zeroes its leaves).
 
 Example:
   >>> packing = Packing.of(treedef, leaves, metric_leaves=2)
@@ -19,21 +23,39 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+SMALL = 4096  # elements: a leaf this small travels in its width's vector (16 KiB at f32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """Where one packed leaf sits in its vector."""
+
+    leaf: int  # its index in the state's leaves
+    start: int  # its first entry in the vector
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Segment:
     arrays: tuple[int, ...]  # leaf indices kept as they are
-    scalars: tuple[tuple[int, ...], ...]  # leaf indices packed together, one group per dtype
+    vectors: tuple[tuple[_Slot, ...], ...]  # the leaves packed together, one vector per width
 
     @property
     def size(self) -> int:
-        return len(self.arrays) + len(self.scalars)
+        return len(self.arrays) + len(self.vectors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +66,14 @@ class Packing:
     segments: tuple[_Segment, ...]  # the metric leaves' segment, then the others'
 
     @classmethod
-    def of(cls, treedef: Any, leaves: list, metric_leaves: int) -> Packing:
-        """The packing of `leaves`, whose first `metric_leaves` are the metric sums."""
+    def of(cls, treedef: Any, leaves: list, metric_leaves: int, arrays: bool = True) -> Packing:
+        """The packing of `leaves`, whose first `metric_leaves` are the metric sums.
+
+        `arrays=False` packs scalars only, and leaves every array where it lies (a state
+        that `Strategy(state_sharding=...)` shards keeps its layout)."""
         bounds = ((0, metric_leaves), (metric_leaves, len(leaves)))
-        return cls(treedef, tuple(_segment(leaves, lo, hi) for lo, hi in bounds))
+        small = SMALL if arrays else 1
+        return cls(treedef, tuple(_segment(leaves, lo, hi, small) for lo, hi in bounds))
 
     @property
     def metric_count(self) -> int:
@@ -59,30 +85,30 @@ class Packing:
         out = []
         for seg in self.segments:
             out.extend(leaves[i] for i in seg.arrays)
-            out.extend(jnp.stack([leaves[i] for i in group]) for group in seg.scalars)
+            out.extend(_join([leaves[s.leaf] for s in slots]) for slots in seg.vectors)
         return out
 
     def unpack(self, packed: list) -> list:
-        """The leaves of `packed`, in the state's order, with their original dtypes (inside
-        jit, where splitting the vectors costs nothing)."""
-        return self._assemble(packed, _entries)
+        """The leaves of `packed`, in the state's order, with their own shapes and dtypes
+        (inside jit, where splitting the vectors costs nothing)."""
+        return self._assemble(packed, functools.partial(_entries, self._slots))
 
     def leaves(self, packed: list) -> list:
-        """`unpack` outside jit: the arrays as they are, the scalars split in one call."""
+        """`unpack` outside jit: the arrays as they are, the vectors split in one call."""
         return self._assemble(packed, self._split)
 
     def _assemble(self, packed: list, split: Any) -> list:
         vectors = [packed[i] for i in self._vector_positions]
-        scalars = iter(split(vectors) if vectors else ())
+        entries = iter(split(vectors) if vectors else ())
         leaves: list = [None] * self.treedef.num_leaves
         at = 0
         for seg in self.segments:
             for i in seg.arrays:
                 leaves[i] = packed[at]
                 at += 1
-            for group in seg.scalars:
-                for i in group:
-                    leaves[i] = next(scalars)
+            for slots in seg.vectors:
+                for slot in slots:
+                    leaves[slot.leaf] = next(entries)
                 at += 1
         return leaves
 
@@ -91,46 +117,88 @@ class Packing:
         positions, at = [], 0
         for seg in self.segments:
             at += len(seg.arrays)
-            positions.extend(range(at, at + len(seg.scalars)))
-            at += len(seg.scalars)
+            positions.extend(range(at, at + len(seg.vectors)))
+            at += len(seg.vectors)
         return positions
 
     @functools.cached_property
+    def _slots(self) -> tuple[tuple[_Slot, ...], ...]:
+        """The slots of every vector, in the order of the packed entries."""
+        return tuple(slots for seg in self.segments for slots in seg.vectors)
+
+    @functools.cached_property
     def _split(self) -> Any:
-        return jax.jit(_entries)
+        return jax.jit(functools.partial(_entries, self._slots))
 
     def shardings(self, leaf_shardings: list, replicated: Any) -> list:
-        """The packed entries' shardings, given each leaf's (packed scalars: replicated)."""
+        """The packed entries' shardings, given each leaf's (the vectors: replicated)."""
         out = []
         for seg in self.segments:
             out.extend(leaf_shardings[i] for i in seg.arrays)
-            out.extend(replicated for _ in seg.scalars)
+            out.extend(replicated for _ in seg.vectors)
         return out
 
 
-def _entries(vectors: list) -> list:
-    """Every entry of every vector, in order."""
-    return [x for vector in vectors for x in vector]
+def _carrier(dtype: np.dtype) -> np.dtype:
+    """The dtype of the vector that carries leaves of `dtype`: the unsigned integer of its
+    width (bool stays bool: XLA does not bitcast it)."""
+    return dtype if dtype == np.bool_ else np.dtype(f"uint{8 * dtype.itemsize}")
 
 
-def _segment(leaves: list, lo: int, hi: int) -> _Segment:
+def _join(leaves: list) -> Any:
+    """One flat vector of the leaves' bits, in order."""
+    flat = []
+    for leaf in leaves:
+        carrier = _carrier(leaf.dtype)
+        bits = leaf if leaf.dtype == carrier else lax.bitcast_convert_type(leaf, carrier)
+        flat.append(jnp.ravel(bits))
+    return flat[0] if len(flat) == 1 else jnp.concatenate(flat)
+
+
+def _entries(vector_slots: tuple[tuple[_Slot, ...], ...], vectors: list) -> list:
+    """Every leaf held by `vectors`, in order, in its own shape and dtype."""
+    out = []
+    for vector, slots in zip(vectors, vector_slots, strict=True):
+        for slot in slots:
+            part = vector[slot.start : slot.start + slot.size].reshape(slot.shape)
+            if part.dtype != slot.dtype:
+                part = lax.bitcast_convert_type(part, slot.dtype)
+            out.append(part)
+    return out
+
+
+def _segment(leaves: list, lo: int, hi: int, small: int) -> _Segment:
     arrays, groups = [], {}
     for i in range(lo, hi):
         leaf = leaves[i]
-        if _packable(leaf):
-            groups.setdefault(leaf.dtype, []).append(i)
+        if _packable(leaf, small):
+            groups.setdefault(_carrier(leaf.dtype), []).append(i)
         else:
             arrays.append(i)
-    return _Segment(tuple(arrays), tuple(tuple(group) for group in groups.values()))
+    vectors = []
+    for group in groups.values():
+        slots, start = [], 0
+        for i in group:
+            slot = _Slot(i, start, tuple(np.shape(leaves[i])), np.dtype(leaves[i].dtype))
+            slots.append(slot)
+            start += slot.size
+        vectors.append(tuple(slots))
+    return _Segment(tuple(arrays), tuple(vectors))
 
 
-def _packable(leaf: Any) -> bool:
-    """A replicated scalar of a NumPy dtype (not a PRNG key), not weakly typed (a vector's
-    entries would lose that type)."""
+def _packable(leaf: Any, small: int) -> bool:
+    """A replicated leaf of at most `small` elements and of a real NumPy dtype (not a PRNG
+    key, not complex), not weakly typed (a vector's entries would lose that type)."""
     sharding = getattr(leaf, "sharding", None)
+    dtype = getattr(leaf, "dtype", None)
     return (
-        np.ndim(leaf) == 0
-        and isinstance(getattr(leaf, "dtype", None), np.dtype)
+        isinstance(dtype, np.dtype)
+        and np.size(leaf) <= small
+        and (
+            dtype == np.bool_
+            or jnp.issubdtype(dtype, jnp.integer)
+            or jnp.issubdtype(dtype, jnp.floating)
+        )
         and not getattr(leaf, "weak_type", False)
         and (sharding is None or sharding.is_fully_replicated)
     )
