@@ -1,23 +1,30 @@
-"""What one more argument costs a compiled call: the reason the state's scalars are packed.
+"""What arguments cost a compiled call: the reason the state's small leaves are packed.
 
     python benchmarks/bench_dispatch.py            # 1 and 8 fake CPU devices
 
-A jitted pass-through over the MLP's 12 parameter and Adam-moment arrays, donated, with 0 or
-10 extra replicated float32 scalars (what metric sums, an optimizer's count and injected
-hyperparameters add to a training state), called in a loop that reads one scalar back after
-every call, as fit's does. Best of 7 interleaved rounds of 300 calls. `train/packing.py`
-cites it.
+A jitted pass-through (+1 on every entry), donated, over the MLP's training state: its 12
+parameter and Adam-moment arrays and 10 replicated float32 scalars (what metric sums, an
+optimizer's count and injected hyperparameters add), called in a loop that reads one
+scalar back after every call, as fit's does. The same values in three layouts: 22
+arguments (nothing packed); 13 (the scalars in one vector); 4 (what `train/packing.py`
+does: every leaf of at most `SMALL` elements, here the biases, the 128x10 kernel and its
+moments and the scalars, in one vector, beside the three 784x128 arrays). Best of 7
+interleaved rounds of 300 calls; each call's time includes its (identical) arithmetic.
 
-Results on 2 CPU cores (jax 0.10.2), 2026-11-24 05:21-05:22 UTC, two runs (before rounds
-were interleaved, three runs gave +19, +28 and +33 us on 1 device, +148 and +133 on 8, and
-once -39 on 8: the machine is shared):
+Results on 2 CPU cores (jax 0.10.2), 2026-11-25 03:50 UTC, three runs in a row (the
+machine is shared: on one device the differences are within its noise, on 8 they are not):
 
-| devices | 0 extra scalars, us/call | 10 extra scalars, us/call |
-|---|---|---|
-| 1 | 248 | 291 |
-| 8 | 929 | 1086 |
-| 1 | 162 | 185 |
-| 8 | 1061 | 1196 |
+| devices | 22 arguments, us/call | 13 (scalars) | 4 (small leaves) |
+|---|---|---|---|
+| 1 | 162 | 162 | 179 |
+| 8 | 1031 | 968 | 887 |
+| 1 | 238 | 192 | 207 |
+| 8 | 1040 | 986 | 701 |
+| 1 | 206 | 218 | 201 |
+| 8 | 1017 | 817 | 674 |
+
+An earlier version (2026-11-24, 0 or 10 extra scalars only) measured +23 and +43 us for
+the 10 scalars on one device and +135 and +157 us on 8.
 """
 
 from __future__ import annotations
