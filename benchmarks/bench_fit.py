@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fit.py                 # fit: 1 and 8 devices, K = 1 and 50
     python benchmarks/bench_fit.py --devices 1 --steps-per-execution 1 --rounds 3
+    python benchmarks/bench_fit.py --batch 16      # host-bound steps: the loop's own cost
     python benchmarks/bench_fit.py --restart       # time to first step, cold vs warm cache
     python benchmarks/bench_fit.py --predict       # predict against a jitted forward loop
 
@@ -25,11 +26,13 @@ reader marked `async_safe` (Keras's flag), so fit too runs its hook once the nex
 execution is dispatched. "/ sol" is the ratio to the fastest loop that reads the loss as
 the variant's callbacks do: sol or sol-index for fit, fit+bar and Keras (whose reader is
 not async-safe either); any of the three for sol-lag and the async variants. "/ fastest"
-is the ratio to the fastest of the three. Keras 3 `fit`
+is the ratio to the fastest of the three. "paired" is the median over rounds of the
+variant's rate over its matching loops' best rate in the same round (robust to a slow
+spell that spans a round, which the best-of ratios are not). Keras 3 `fit`
 (KERAS_BACKEND=jax) runs too on one device when keras is installed (an optional
 benchmark dependency; `--no-keras` skips it).
 
-Every variant is timed after its own compile/warm-up call, in 3 interleaved rounds (sol,
+Every variant is timed after its own compile/warm-up call, in interleaved rounds (sol,
 sol-index, sol-lag, fit, ..., keras, sol, ...) because the machine is shared. "steady ex/s"
 counts the examples between the ends of the first and the last execution of the timed
 call (set-up excluded, epoch boundaries included); "median-step ex/s" is the rate at the
@@ -42,55 +45,70 @@ the end of its first step, compile included (persistent cache off here; `--resta
 measures it).
 Each device count runs in its own process.
 
-Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-24 07:01-07:19 UTC,
-`python benchmarks/bench_fit.py --no-keras --rounds 5` (fit with async-safe hooks deferred,
-epoch ends overlapped with the next epoch's first call, the next input taken before the
-hooks wait; rates in thousands of examples/s, first step in s):
+Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-25 04:14-04:46 UTC, with
+the state's small leaves packed (`train/packing.py`), `python benchmarks/bench_fit.py
+--no-keras --steps-per-execution 1 --rounds 15`, then the same with
+`--steps-per-execution 50 --rounds 7` (rates in thousands of examples/s, first step ("1st") in
+s; "/fast" is "/ fastest"):
 
-| dev | K | variant | steady | range | / sol | / fastest | median | / sol | whole | / sol | first |
-|---|---|---|---|---|---|---|---|---|---|---|---|
-| 1 | 1 | sol | 330 | 273-330 | 1.00 | 0.98 | 334 | 1.00 | 329 | 1.00 | 0.44 |
-| 1 | 1 | sol-index | 257 | 217-257 | 0.78 | 0.76 | 288 | 0.86 | 257 | 0.78 | 0.43 |
-| 1 | 1 | sol-lag | 338 | 277-338 | 1.00 | 1.00 | 342 | 1.00 | 337 | 1.00 | 0.41 |
-| 1 | 1 | fit | 324 | 273-324 | 0.98 | 0.96 | 333 | 1.00 | 268 | 0.81 | 0.57 |
-| 1 | 1 | fit+bar | 329 | 307-329 | 1.00 | 0.97 | 337 | 1.01 | 274 | 0.83 | 0.52 |
-| 1 | 1 | fit async | 333 | 291-333 | 0.99 | 0.99 | 343 | 1.00 | 277 | 0.82 | 0.52 |
-| 1 | 1 | fit async+bar | 331 | 261-331 | 0.98 | 0.98 | 338 | 0.99 | 266 | 0.79 | 0.52 |
-| 1 | 50 | sol | 351 | 287-351 | 0.99 | 0.99 | 352 | 1.00 | 351 | 0.99 | 0.64 |
-| 1 | 50 | sol-index | 353 | 320-353 | 1.00 | 1.00 | 353 | 1.00 | 353 | 1.00 | 0.61 |
-| 1 | 50 | sol-lag | 353 | 322-353 | 1.00 | 1.00 | 353 | 1.00 | 353 | 1.00 | 0.61 |
-| 1 | 50 | fit | 352 | 323-352 | 1.00 | 1.00 | 353 | 1.00 | 342 | 0.97 | 2.16 |
-| 1 | 50 | fit+bar | 347 | 275-347 | 0.98 | 0.98 | 348 | 0.98 | 337 | 0.95 | 2.14 |
-| 1 | 50 | fit async | 347 | 280-347 | 0.98 | 0.98 | 348 | 0.98 | 337 | 0.96 | 2.16 |
-| 1 | 50 | fit async+bar | 349 | 274-349 | 0.99 | 0.99 | 349 | 0.99 | 338 | 0.96 | 2.19 |
-| 8 | 1 | sol | 182 | 156-182 | 1.00 | 1.00 | 184 | 1.00 | 181 | 1.00 | 0.47 |
-| 8 | 1 | sol-index | 177 | 150-177 | 0.97 | 0.97 | 178 | 0.97 | 177 | 0.98 | 0.56 |
-| 8 | 1 | sol-lag | 176 | 155-176 | 0.97 | 0.97 | 178 | 0.97 | 176 | 0.97 | 0.53 |
-| 8 | 1 | fit | 176 | 152-176 | 0.97 | 0.97 | 178 | 0.97 | 123 | 0.68 | 0.94 |
-| 8 | 1 | fit+bar | 170 | 119-170 | 0.94 | 0.94 | 173 | 0.94 | 119 | 0.66 | 1.03 |
-| 8 | 1 | fit async | 175 | 120-175 | 0.96 | 0.96 | 175 | 0.95 | 123 | 0.68 | 0.99 |
-| 8 | 1 | fit async+bar | 179 | 121-179 | 0.98 | 0.98 | 178 | 0.97 | 125 | 0.69 | 0.99 |
-| 8 | 50 | sol | 215 | 140-215 | 1.00 | 1.00 | 215 | 1.00 | 215 | 1.00 | 0.87 |
-| 8 | 50 | sol-index | 213 | 159-213 | 0.99 | 0.99 | 214 | 1.00 | 213 | 0.99 | 0.86 |
-| 8 | 50 | sol-lag | 211 | 182-211 | 0.98 | 0.98 | 210 | 0.98 | 211 | 0.98 | 0.87 |
-| 8 | 50 | fit | 219 | 184-219 | 1.02 | 1.02 | 221 | 1.03 | 208 | 0.97 | 2.98 |
-| 8 | 50 | fit+bar | 214 | 172-214 | 0.99 | 0.99 | 214 | 0.99 | 203 | 0.94 | 2.82 |
-| 8 | 50 | fit async | 215 | 179-215 | 1.00 | 1.00 | 216 | 1.00 | 205 | 0.95 | 2.75 |
-| 8 | 50 | fit async+bar | 220 | 181-220 | 1.02 | 1.02 | 222 | 1.03 | 209 | 0.97 | 2.87 |
+| dev | K | variant | steady | range | /sol | /fast | paired | median | /sol | whole | /sol | 1st |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| 1 | 1 | sol | 369 | 199-369 | 1.00 | 1.00 | 1.00 | 374 | 1.00 | 368 | 1.00 | 0.36 |
+| 1 | 1 | sol-index | 345 | 187-345 | 0.94 | 0.94 | 0.91 | 355 | 0.95 | 345 | 0.94 | 0.34 |
+| 1 | 1 | sol-lag | 359 | 251-359 | 0.97 | 0.97 | 1.00 | 381 | 1.00 | 358 | 0.97 | 0.37 |
+| 1 | 1 | fit | 361 | 236-361 | 0.98 | 0.98 | 1.04 | 372 | 0.99 | 298 | 0.81 | 0.57 |
+| 1 | 1 | fit+bar | 383 | 216-383 | 1.04 | 1.04 | 1.04 | 393 | 1.05 | 327 | 0.89 | 0.57 |
+| 1 | 1 | fit async | 355 | 259-355 | 0.96 | 0.96 | 0.99 | 366 | 0.96 | 315 | 0.86 | 0.51 |
+| 1 | 1 | fit async+bar | 350 | 257-350 | 0.95 | 0.95 | 0.95 | 367 | 0.96 | 288 | 0.78 | 0.56 |
+| 8 | 1 | sol | 180 | 130-180 | 1.00 | 0.98 | 1.00 | 182 | 1.00 | 180 | 1.00 | 0.46 |
+| 8 | 1 | sol-index | 171 | 124-171 | 0.95 | 0.93 | 0.99 | 176 | 0.97 | 171 | 0.95 | 0.44 |
+| 8 | 1 | sol-lag | 183 | 125-183 | 1.00 | 1.00 | 1.00 | 186 | 1.00 | 183 | 1.00 | 0.40 |
+| 8 | 1 | fit | 176 | 141-176 | 0.98 | 0.96 | 0.97 | 180 | 0.99 | 130 | 0.72 | 0.85 |
+| 8 | 1 | fit+bar | 166 | 131-166 | 0.92 | 0.91 | 0.97 | 171 | 0.94 | 124 | 0.69 | 0.88 |
+| 8 | 1 | fit async | 180 | 133-180 | 0.98 | 0.98 | 0.95 | 183 | 0.98 | 131 | 0.71 | 0.91 |
+| 8 | 1 | fit async+bar | 174 | 133-174 | 0.95 | 0.95 | 0.93 | 179 | 0.96 | 129 | 0.70 | 0.87 |
+| 1 | 50 | sol | 395 | 254-395 | 0.99 | 0.97 | 1.00 | 398 | 0.99 | 395 | 0.99 | 0.52 |
+| 1 | 50 | sol-index | 400 | 349-400 | 1.00 | 0.99 | 1.00 | 403 | 1.00 | 400 | 1.00 | 0.51 |
+| 1 | 50 | sol-lag | 405 | 311-405 | 1.00 | 1.00 | 1.00 | 405 | 1.00 | 405 | 1.00 | 0.47 |
+| 1 | 50 | fit | 401 | 275-401 | 1.00 | 0.99 | 1.00 | 404 | 1.00 | 387 | 0.97 | 1.89 |
+| 1 | 50 | fit+bar | 389 | 363-389 | 0.97 | 0.96 | 0.98 | 402 | 1.00 | 379 | 0.95 | 1.85 |
+| 1 | 50 | fit async | 403 | 250-403 | 1.00 | 1.00 | 0.98 | 407 | 1.00 | 392 | 0.97 | 1.90 |
+| 1 | 50 | fit async+bar | 401 | 252-401 | 0.99 | 0.99 | 0.99 | 405 | 1.00 | 387 | 0.96 | 1.87 |
+| 8 | 50 | sol | 198 | 162-198 | 1.00 | 1.00 | 1.00 | 203 | 1.00 | 198 | 1.00 | 0.77 |
+| 8 | 50 | sol-index | 193 | 153-193 | 0.97 | 0.97 | 0.98 | 197 | 0.97 | 194 | 0.98 | 0.73 |
+| 8 | 50 | sol-lag | 194 | 171-194 | 0.98 | 0.98 | 1.00 | 197 | 0.97 | 193 | 0.98 | 0.78 |
+| 8 | 50 | fit | 200 | 172-200 | 1.01 | 1.01 | 1.02 | 204 | 1.01 | 191 | 0.96 | 3.89 |
+| 8 | 50 | fit+bar | 192 | 170-192 | 0.97 | 0.97 | 0.97 | 198 | 0.97 | 185 | 0.93 | 3.41 |
+| 8 | 50 | fit async | 197 | 165-197 | 0.99 | 0.99 | 0.97 | 200 | 0.98 | 189 | 0.95 | 3.57 |
+| 8 | 50 | fit async+bar | 194 | 164-194 | 0.98 | 0.98 | 0.97 | 199 | 0.98 | 185 | 0.93 | 3.31 |
 
-The rounds of one variant varied by 10-35 % in this run (another job shared the machine).
-Best rounds against the matching loop: fit 0.97-1.02, fit+bar 0.94-1.00, fit async
-0.96-1.00, fit async+bar 0.98-1.02; median steps 0.94-1.03. The same command at 05:08,
-before the hook and epoch changes (no sol-lag or async rows then), gave fit / sol 0.99 and
-1.00 (bar) at K=1 and 0.99 and 0.99 at K=50 on 1 device, and 0.99, 0.98, 0.97 and 0.96 on
-8. On one device fit's K=50 rows went from 0.98-0.99 to 1.00 in all four fit rows once
-the epoch boundary overlapped the next call (`--devices 1 --steps-per-execution 50
---rounds 5`, run between the two). On XLA:CPU
-the host thread and the computation share the two cores, so reading the loss after the
-next dispatch gains nothing (sol-lag / sol: 0.97-1.00): the async rows are for
-accelerators, where the host and the device run apart. fit's whole-call rate pays for
-replicating the 160 MB dataset on every device and cutting its blocks at each `fit` call
-(0.4-0.6 s at 8 devices, 0.2 s at 1).
+The rounds of one variant varied by 15-45 % (another job shared the machine), and loops
+of the same cost disagreed by up to 3 %: sol-lag / sol, the same work on XLA:CPU where the
+host and the computation share the cores, 0.97-1.00; at K=50 sol-index / sol 0.97-1.01.
+Best rounds against the matching loop: fit 0.98-1.01, fit+bar 0.92-1.04, fit async
+0.96-1.00, fit async+bar 0.95-0.99; paired 0.93-1.04. The day before (07:01, before the
+small leaves were packed, `--rounds 5`) gave 0.97-1.02, 0.94-1.00, 0.96-1.00 and
+0.98-1.02. fit's whole-call rate pays for replicating the 160 MB dataset on every device
+and cutting its blocks at each `fit` call (0.4-0.6 s at 8 devices, 0.2 s at 1).
+
+Host-bound steps, 2026-11-25 04:48 UTC, `python benchmarks/bench_fit.py --batch 16
+--no-keras --steps-per-execution 1 --rounds 7` (examples/s; a step is ~0.3 ms on one
+device, ~3 ms on 8, where XLA:CPU's 8-device rendezvous dominates):
+
+| dev | variant | steady | / sol | paired | dev | variant | steady | / sol | paired |
+|---|---|---|---|---|---|---|---|---|---|
+| 1 | sol | 43,446 | 0.96 | 0.99 | 8 | sol | 5,114 | 1.00 | 1.00 |
+| 1 | sol-index | 45,093 | 1.00 | 1.00 | 8 | sol-index | 4,769 | 0.93 | 0.93 |
+| 1 | sol-lag | 64,197 | 1.00 | 1.00 | 8 | sol-lag | 4,956 | 0.97 | 1.00 |
+| 1 | fit | 42,447 | 0.94 | 0.87 | 8 | fit | 4,807 | 0.94 | 0.96 |
+| 1 | fit+bar | 43,646 | 0.97 | 0.93 | 8 | fit+bar | 5,295 | 1.04 | 0.95 |
+| 1 | fit async | 57,609 | 0.90 | 0.98 | 8 | fit async | 5,399 | 1.06 | 0.96 |
+| 1 | fit async+bar | 52,869 | 0.82 | 1.01 | 8 | fit async+bar | 5,175 | 1.01 | 0.98 |
+
+There fit's own work per step shows: ~30-50 us more than sol's on one device (0.87-0.93
+paired for the synchronous readers). Reading the loss after the next dispatch is what
+pays on small steps (sol-lag / sol 1.48 on one device), and fit does it for async-safe
+callbacks.
 
 The GPU tables below come from the previous session (the code before blocks and packed
 scalars, and the indexed loop as sol); this session had no GPU.
@@ -408,6 +426,8 @@ def child(args: argparse.Namespace) -> None:
 
     jax.config.update("jax_num_cpu_devices", args.devices[0])
     warnings.simplefilter("ignore")  # InputBoundWarning and the like: not what is measured
+    global BATCH, ROWS
+    BATCH, ROWS = args.batch, args.batch * STEPS
     x, y = _data()
     variants = {
         "sol": lambda k, n: speed_of_light(x, y, k, n),
@@ -453,7 +473,7 @@ def fit_table(args: argparse.Namespace) -> None:
     env = {**os.environ, "PHALANX_COMPILATION_CACHE": "0"}
     for devices in args.devices or [1, 8]:
         flags = ["--devices", str(devices), "--rounds", str(args.rounds)]
-        flags += ["--steps", str(args.steps)]
+        flags += ["--steps", str(args.steps), "--batch", str(args.batch)]
         for k in args.steps_per_execution:
             flags += ["--steps-per-execution", str(k)]
         if args.no_keras:
@@ -602,6 +622,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps-per-execution", type=int, action="append")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200, help="timed steps at K=1 (x10 at K>1)")
+    parser.add_argument("--batch", type=int, default=BATCH, help="global batch (fit table)")
     parser.add_argument("--no-keras", action="store_true", help="skip Keras 3 even if installed")
     parser.add_argument("--restart", nargs="?", const="table", choices=["table", "mlp", "cnn"])
     parser.add_argument("--predict", action="store_true")
