@@ -72,7 +72,7 @@ class Packing:
         `arrays=False` packs scalars only, and leaves every array where it lies (a state
         that `Strategy(state_sharding=...)` shards keeps its layout)."""
         bounds = ((0, metric_leaves), (metric_leaves, len(leaves)))
-        small = SMALL if arrays else 1
+        small = SMALL if arrays else None
         return cls(treedef, tuple(_segment(leaves, lo, hi, small) for lo, hi in bounds))
 
     @property
@@ -167,7 +167,7 @@ def _entries(vector_slots: tuple[tuple[_Slot, ...], ...], vectors: list) -> list
     return out
 
 
-def _segment(leaves: list, lo: int, hi: int, small: int) -> _Segment:
+def _segment(leaves: list, lo: int, hi: int, small: int | None) -> _Segment:
     arrays, groups = [], {}
     for i in range(lo, hi):
         leaf = leaves[i]
@@ -186,14 +186,15 @@ def _segment(leaves: list, lo: int, hi: int, small: int) -> _Segment:
     return _Segment(tuple(arrays), tuple(vectors))
 
 
-def _packable(leaf: Any, small: int) -> bool:
-    """A replicated leaf of at most `small` elements and of a real NumPy dtype (not a PRNG
-    key, not complex), not weakly typed (a vector's entries would lose that type)."""
+def _packable(leaf: Any, small: int | None) -> bool:
+    """A replicated leaf of at most `small` elements (None: a scalar) and of a real NumPy
+    dtype (not a PRNG key, not complex), not weakly typed (a vector's entries would lose
+    that type)."""
     sharding = getattr(leaf, "sharding", None)
     dtype = getattr(leaf, "dtype", None)
     return (
         isinstance(dtype, np.dtype)
-        and np.size(leaf) <= small
+        and (np.ndim(leaf) == 0 if small is None else np.size(leaf) <= small)
         and (
             dtype == np.bool_
             or jnp.issubdtype(dtype, jnp.integer)
