@@ -5,6 +5,7 @@ import threading
 
 import jax
 import numpy as np
+import optax
 import pytest
 from conftest import build, make_data
 
@@ -282,3 +283,44 @@ def test_blocks_are_whole_batches_in_order_within_one_copy_of_the_source(all_dev
     # 72 of the budget's 96 rows (one copy of the source) are used: 48 more do not fit, 24 do.
     assert blocks.lookup([rows(48), rows(72)], 24, k=2) is None
     assert blocks.lookup([rows(48)], 24) is not None
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_each_epochs_logs_cover_its_own_batches_as_the_next_queues_behind(
+    all_devices, monkeypatch, k
+):
+    # Learning rate 0: the weights never move, so each epoch's logs are evaluate's numbers
+    # on that epoch's own two batches of a dataset read on. The metric sums are zeroed at
+    # each epoch's start (zeros made during the epoch before), validation in between too.
+    x, y = make_data(96)
+    queued = []  # calls still queued when each epoch starts: not drained at the boundary
+    real_run_phase = feed.run_phase
+
+    def run_phase(model, phase, *args, in_flight=None, **kwargs):
+        if phase == "train":
+            queued.append(len(in_flight._ticks))
+        return real_run_phase(model, phase, *args, in_flight=in_flight, **kwargs)
+
+    monkeypatch.setattr(feed, "run_phase", run_phase)
+    added = []
+    real_add = feed.InFlight.add
+
+    def add(self, tick):
+        real_add(self, tick)
+        added.append(len(self._ticks))
+
+    monkeypatch.setattr(feed.InFlight, "add", add)
+    model = build(all_devices, optimizer=optax.sgd(0.0), steps_per_execution=k)
+    ds = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(16)  # 6 batches
+    history = model.fit(ds.repeat(), epochs=3, steps_per_epoch=2, verbose=0,
+                        validation_data=(x[:32], y[:32]), validation_freq=2)  # fmt: skip
+    for epoch in range(3):
+        rows = slice(32 * epoch, 32 * (epoch + 1))
+        want = model.evaluate(x[rows], y[rows], batch_size=16, verbose=0, return_dict=True)
+        for key in ("loss", "accuracy"):
+            np.testing.assert_allclose(history.history[key][epoch], want[key], rtol=1e-6)
+    val = model.evaluate(x[:32], y[:32], batch_size=16, verbose=0, return_dict=True)
+    np.testing.assert_allclose(history.history["val_loss"], [val["loss"]], rtol=1e-6)
+    # Epoch 2 queued behind epoch 1; epoch 3 starts on drained devices, after validation.
+    assert queued[0] == 0 and queued[1] > 0 and queued[2] == 0
+    assert max(added) <= feed.MAX_IN_FLIGHT

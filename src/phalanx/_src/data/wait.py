@@ -82,9 +82,9 @@ class InputWaitMeter:
         finally:
             self._wait += self._clock() - began
 
-    def step_done(self) -> None:
-        """Counts one step (for the per-step wait in the summary)."""
-        self._steps += 1
+    def step_done(self, steps: int = 1) -> None:
+        """Counts `steps` steps (for the per-step wait in the summary)."""
+        self._steps += steps
 
     @property
     def wait_fraction(self) -> float:

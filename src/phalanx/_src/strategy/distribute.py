@@ -135,7 +135,7 @@ class BatchDistributor:
         self.per_replica: int | None = None
         self._full_mask: jax.Array | None = None  # reused: most batches are full
         self._full: np.ndarray | None = None  # its local rows: all True
-        self._slots: int | None = None  # this process's rows per batch (set with per_replica)
+        self._slots: int | None = None  # this process's rows per batch; 0: several processes
         if global_batch_size is not None:
             replicas = strategy.num_replicas_in_sync
             if drop_remainder and global_batch_size % replicas:
@@ -177,10 +177,13 @@ class BatchDistributor:
         """Whether `batch` fills every slot (fixed by the first batch, see `fix_rows`): in one
         process, a step can then be compiled without its mask (every process must agree on
         that, and only one process knows it has no padding)."""
-        if self.per_replica is None or jax.process_count() > 1:
+        if self.per_replica is None:
             return False
         if self._slots is None:  # asked once per batch: the count walks the devices
-            self._slots = self.strategy.num_local_replicas * self.per_replica
+            several = jax.process_count() > 1
+            self._slots = 0 if several else self.strategy.num_local_replicas * self.per_replica
+        if not self._slots:  # several processes
+            return False
         leaf = batch if isinstance(batch, np.ndarray) else jax.tree.leaves(batch)[0]
         return int(np.shape(leaf)[0]) == self._slots
 

@@ -287,45 +287,56 @@ class Runner:
             at += len(group)
         return items
 
-    @staticmethod
-    def batches_in(item: tuple[str, Any, int]) -> int:
-        return item[2]
+    def bind(self, item: tuple[str, Any, int]) -> Callable[[], jax.Array]:
+        """The item's dispatch, everything but the state worked out now.
 
-    def execute(self, item: tuple[str, Any, int]) -> jax.Array:
-        """Runs the item's steps on the model's state; returns a tick to wait on."""
+        The loop binds the next item while the devices still run the last call, before its
+        hooks wait for that call's logs: once they return, dispatching is one compiled call
+        on the state the model then holds (a hook may have replaced it). The dispatch runs
+        the item's steps and returns a tick to wait on.
+        """
         mode, payload, _ = item
         model = self.model
-        leaves, packing = model._state_leaves()
-        cached = self._fns.get(mode)
-        if cached is None or cached[0] is not packing:
-            cached = self._fns[mode] = (packing, compiled(model, self.phase, mode == SCAN, packing))
-        fn = cached[1]
         source = self.source
+        tabled = isinstance(payload, FromTable)
         if isinstance(payload, Resident):
             calls = [(batch, None) for batch in payload.batches]
-            cursor = source = None
-        elif isinstance(payload, FromTable):
+            source = None
+        elif tabled:
             if payload.table is not self._table:
                 self._table, self._cursor = payload.table, payload.table.zero
             mask = None if payload.full else payload.table.mask
             calls = [(payload.table.batch, mask)] * payload.calls
-            cursor = self._cursor
         else:
             calls = [payload] if mode == SCAN else payload
-            cursor = None
-        logs = None
-        if self.phase == "train":
-            for batch, mask in calls:
-                leaves, logs, cursor = fn(leaves, source, batch, mask, cursor)
-        else:
-            metrics, others = leaves[: self._metric_leaves], leaves[self._metric_leaves :]
-            for batch, mask in calls:
-                metrics, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
-            leaves = [*metrics, *others]
-        self._cursor = cursor
-        # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
-        model._set_state_leaves(leaves, logs)
-        return logs[0]
+        fns = self._fns
+        train = self.phase == "train"
+        split = 0 if train else self._metric_leaves
+
+        def dispatch() -> jax.Array:
+            leaves, packing = model._state_leaves()
+            cached = fns.get(mode)
+            if cached is None or cached[0] is not packing:
+                many = mode == SCAN
+                cached = fns[mode] = (packing, compiled(model, self.phase, many, packing))
+            fn = cached[1]
+            cursor = self._cursor if tabled else None
+            logs = None
+            if train:
+                for batch, mask in calls:
+                    leaves, logs, cursor = fn(leaves, source, batch, mask, cursor)
+            else:
+                metrics, others = leaves[:split], leaves[split:]
+                for batch, mask in calls:
+                    metrics, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
+                leaves = [*metrics, *others]
+            if tabled:
+                self._cursor = cursor
+            # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
+            model._set_state_leaves(leaves, logs)
+            return logs[0]
+
+        return dispatch
 
 
 def predict_fn(model: Model, many: bool = False) -> Callable:

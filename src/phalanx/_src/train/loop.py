@@ -134,6 +134,7 @@ def fit(
     # hook is async-safe and nothing else happens in between (validation, a stop).
     overlap = cbs.epoch_hooks_deferred()
     deferred: Callable[[], None] | None = None
+    in_flight = feed.InFlight()  # across epochs: the next one's calls queue behind this one's
     # SIGTERM: every process backs up at one agreed step and exits 143 (see preemption.py).
     watch = preemption.PreemptionWatch(model, cbs).start()
     try:
@@ -141,10 +142,13 @@ def fit(
             model._fit_epoch = epoch
             feed.reset_metrics(model)
             begin = functools.partial(cbs.on_epoch_begin, epoch)
+            first = []  # run once the epoch's first call is dispatched
             if deferred is None:
                 begin()
             else:
-                begin = _then(deferred, begin)
+                first += [deferred, begin]  # the last epoch's end, then this one's begin
+            if epoch + 1 < epochs:  # the next epoch's zero metric sums, off its boundary
+                first.append(functools.partial(feed.zero_metrics_ahead, model))
             t0 = time.perf_counter()
             iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
             iterator = checks.watch(model, iterator, source, checked)  # each batch, if not all
@@ -163,10 +167,11 @@ def fit(
                 # A carried iterator's next epoch starts reading before this one ends.
                 next_limit=steps_per_epoch if epoch + 1 < epochs else None,
                 blocks=blocks,
-                after_first=None if deferred is None else begin,
+                after_first=functools.partial(_run_all, first) if first else None,
+                in_flight=in_flight,
             )
             if deferred is not None and steps == 0:
-                begin()  # no call was dispatched to run it after
+                _run_all([deferred, begin])  # no call was dispatched to run them after
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
             if carried is None:
@@ -192,6 +197,7 @@ def fit(
                 deferred = end  # the logs of an epoch before the last are only the hooks'
                 continue
             deferred = None
+            in_flight.drain()
             epoch_logs = end()
             if model.stop_training:
                 break
@@ -200,7 +206,8 @@ def fit(
         feed.close(iterator)
         feed.close(carried)
         watch.stop()
-        model._next_table = None
+        model._next_table = model._zero_metrics = None
+        in_flight.drain()
     cbs.on_train_end(epoch_logs)
     return model.history
 
@@ -234,12 +241,9 @@ def _end_epoch(
     return logs
 
 
-def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
-    def both() -> None:
-        first()
-        second()
-
-    return both
+def _run_all(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 def _epoch_iterator(
