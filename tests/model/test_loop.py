@@ -291,7 +291,8 @@ def test_each_epochs_logs_cover_its_own_batches_as_the_next_queues_behind(
 ):
     # Learning rate 0: the weights never move, so each epoch's logs are evaluate's numbers
     # on that epoch's own two batches of a dataset read on. The metric sums are zeroed at
-    # each epoch's start (zeros made during the epoch before), validation in between too.
+    # each epoch's start (one set of zeros, never donated, serves every reset), and around
+    # the validation in between.
     x, y = make_data(96)
     queued = []  # calls still queued when each epoch starts: not drained at the boundary
     real_run_phase = feed.run_phase

@@ -60,17 +60,21 @@ def _next(cursor: jax.Array | None) -> jax.Array | None:
 def _jit_phase(model: Model, phase: str, many: bool, packing: Packing) -> Callable:
     """The phase's compiled call on the state's packed leaves (see `Model._state`).
 
-    Train: `(leaves, source, batch, mask, cursor) -> (leaves, logs, cursor)`, the leaves
-    donated. Test: `(metric leaves, other leaves, source, batch, mask, cursor) -> (metric
-    leaves, logs, cursor)`, only the metric sums donated. `cursor` is None for a batch given
-    directly, or the device-side index of the call's entry in a `Table`.
+    Train: `(metric leaves, other leaves, source, batch, mask, cursor) -> (metric leaves,
+    other leaves, logs, cursor)`, the other leaves donated. Test: the same arguments ->
+    `(metric leaves, logs, cursor)`, nothing donated. No call donates the metric sums (a few
+    bytes: donating them saves nothing), so `feed.reset_metrics` puts in one set of zeros
+    every time. `cursor` is None for a batch given directly, or the device-side index of the
+    call's entry in a `Table`.
     """
     steps = model.steps
     repl = model.strategy.replicated_sharding
     treedef = packing.treedef
+    n = packing.metric_count
 
-    def run(step: Callable, leaves: list, source: Any, batch: Any, mask: Any, cursor: Any):
-        state = jax.tree.unflatten(treedef, packing.unpack(leaves))
+    def run(step: Callable, metrics: list, others: list, *inputs: Any):
+        source, batch, mask, cursor = inputs
+        state = jax.tree.unflatten(treedef, packing.unpack([*metrics, *others]))
         batch, mask = _pick(batch, mask, cursor)
         one = _with_source(step, source)
         state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
@@ -79,12 +83,13 @@ def _jit_phase(model: Model, phase: str, many: bool, packing: Packing) -> Callab
 
     if phase == "train":
 
-        def call(leaves, source, batch, mask, cursor):
-            state, logs = run(steps.train, leaves, source, batch, mask, cursor)
+        def call(metrics, others, source, batch, mask, cursor):
+            state, logs = run(steps.train, metrics, others, source, batch, mask, cursor)
             out, out_def = jax.tree.flatten(state)
             if out_def != treedef:
                 raise TypeError(f"the train step changed the state's structure: {out_def}")
-            return packing.pack(out), logs, _next(cursor)
+            out = packing.pack(out)
+            return out[:n], out[n:], logs, _next(cursor)
 
         # The state keeps its layout: replicated, or sharded by Strategy(state_sharding=...).
         state = model._state
@@ -92,14 +97,15 @@ def _jit_phase(model: Model, phase: str, many: bool, packing: Packing) -> Callab
         shardings = packing.shardings(
             treedef.flatten_up_to(jax.tree.broadcast(prefix, state)), repl
         )
-        return jax.jit(call, donate_argnums=0, out_shardings=(shardings, repl, repl))
+        out_shardings = (shardings[:n], shardings[n:], repl, repl)
+        return jax.jit(call, donate_argnums=1, out_shardings=out_shardings)
 
     def call_test(metrics, others, source, batch, mask, cursor):
-        state, logs = run(steps.test, [*metrics, *others], source, batch, mask, cursor)
+        state, logs = run(steps.test, metrics, others, source, batch, mask, cursor)
         out = packing.pack(jax.tree.leaves(state))
-        return out[: packing.metric_count], logs, _next(cursor)
+        return out[:n], logs, _next(cursor)
 
-    return jax.jit(call_test, donate_argnums=0, out_shardings=(repl, repl, repl))
+    return jax.jit(call_test, out_shardings=(repl, repl, repl))
 
 
 def compiled(model: Model, phase: str, many: bool, packing: Packing) -> Callable:
@@ -192,8 +198,6 @@ class Runner:
         self._table: Table | None = None
         self._cursor: jax.Array | None = None
         self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state packing, call)
-        if phase != "train":
-            self._metric_leaves = model._state_leaves()[1].metric_count
 
     def prepare(self, group: list[Any]) -> None:
         """Chooses the mode (SCAN or LOOP) on the phase's first group, once; its first batch
@@ -311,7 +315,6 @@ class Runner:
             calls = [payload] if mode == SCAN else payload
         fns = self._fns
         train = self.phase == "train"
-        split = 0 if train else self._metric_leaves
 
         def dispatch() -> jax.Array:
             leaves, packing = model._state_leaves()
@@ -321,19 +324,18 @@ class Runner:
                 cached = fns[mode] = (packing, compiled(model, self.phase, many, packing))
             fn = cached[1]
             cursor = self._cursor if tabled else None
+            n = packing.metric_count
+            metrics, others = leaves[:n], leaves[n:]
             logs = None
-            if train:
-                for batch, mask in calls:
-                    leaves, logs, cursor = fn(leaves, source, batch, mask, cursor)
-            else:
-                metrics, others = leaves[:split], leaves[split:]
-                for batch, mask in calls:
+            for batch, mask in calls:
+                if train:
+                    metrics, others, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
+                else:
                     metrics, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
-                leaves = [*metrics, *others]
             if tabled:
                 self._cursor = cursor
             # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
-            model._set_state_leaves(leaves, logs)
+            model._set_state_leaves([*metrics, *others], logs)
             return logs[0]
 
         return dispatch

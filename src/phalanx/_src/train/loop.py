@@ -142,13 +142,10 @@ def fit(
             model._fit_epoch = epoch
             feed.reset_metrics(model)
             begin = functools.partial(cbs.on_epoch_begin, epoch)
-            first = []  # run once the epoch's first call is dispatched
             if deferred is None:
                 begin()
             else:
-                first += [deferred, begin]  # the last epoch's end, then this one's begin
-            if epoch + 1 < epochs:  # the next epoch's zero metric sums, off its boundary
-                first.append(functools.partial(feed.zero_metrics_ahead, model))
+                begin = _then(deferred, begin)
             t0 = time.perf_counter()
             iterator, limit = _epoch_iterator(model, data, steps_per_epoch, carried)
             iterator = checks.watch(model, iterator, source, checked)  # each batch, if not all
@@ -167,11 +164,11 @@ def fit(
                 # A carried iterator's next epoch starts reading before this one ends.
                 next_limit=steps_per_epoch if epoch + 1 < epochs else None,
                 blocks=blocks,
-                after_first=functools.partial(_run_all, first) if first else None,
+                after_first=None if deferred is None else begin,
                 in_flight=in_flight,
             )
             if deferred is not None and steps == 0:
-                _run_all([deferred, begin])  # no call was dispatched to run them after
+                begin()  # no call was dispatched to run it after
             model._fit_steps_done = 0
             carried = None if (exhausted or steps_per_epoch is None) else iterator
             if carried is None:
@@ -206,7 +203,7 @@ def fit(
         feed.close(iterator)
         feed.close(carried)
         watch.stop()
-        model._next_table = model._zero_metrics = None
+        model._next_table = None
         in_flight.drain()
     cbs.on_train_end(epoch_logs)
     return model.history
@@ -241,9 +238,12 @@ def _end_epoch(
     return logs
 
 
-def _run_all(calls: list[Callable[[], None]]) -> None:
-    for call in calls:
-        call()
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+
+    return both
 
 
 def _epoch_iterator(

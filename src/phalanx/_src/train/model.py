@@ -68,7 +68,6 @@ class Model:
         self._packing: Packing | None = None
         self._last_logs: Any = None  # the log values of the current metric sums, on device
         self._next_table: Any = None  # fit's next epoch's first inputs (`feed.Tables`)
-        self._zero_metrics: Any = None  # (packing, zero metric leaves) made ahead by fit
         self._compiled_fns: dict[Any, Callable] = {}
         self._step_hooks: list[Callable[[int, Any], None]] = []
         # Where fit is, for the checkpoint callbacks: the epoch, the steps already done in it

@@ -7,11 +7,12 @@ jit's dispatch a buffer on every device at every call, and each result another: 
 add ~33 us per call on one XLA:CPU device and ~130 us on 8 (issue 9), a few percent of a
 small step. So between the compiled calls the state lives as its large arrays plus one
 flat vector per bit width holding every small replicated leaf (`SMALL` elements at most),
-in two segments (the metric sums first, which evaluation donates and `reset_metrics`
-zeroes, then the rest). The calls unpack the vectors inside jit, where a slice costs
-nothing, and pack their results again (one small concatenation). Leaves of one width share
-a vector of unsigned integers, bit for bit (an int32 step count beside a float32 bias: one
-uint32 vector; zero bits are zero in every dtype, so zeroing a vector zeroes its leaves).
+in two segments: the metric sums first (no call donates them, so `reset_metrics` puts in
+one set of zeros every time), then the rest. The calls unpack the vectors inside jit, where
+a slice costs nothing, and pack their results again (one small concatenation). Leaves of
+one width share a vector of unsigned integers, bit for bit (an int32 step count beside a
+float32 bias: one uint32 vector; zero bits are zero in every dtype, so zeroing a vector
+zeroes its leaves).
 
 Example:
   >>> packing = Packing.of(treedef, leaves, metric_leaves=2)
