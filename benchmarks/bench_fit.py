@@ -45,55 +45,59 @@ the end of its first step, compile included (persistent cache off here; `--resta
 measures it).
 Each device count runs in its own process.
 
-Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-25 04:14-04:46 UTC, with
-the state's small leaves packed (`train/packing.py`), `python benchmarks/bench_fit.py
---no-keras --steps-per-execution 1 --rounds 15`, then the same with
-`--steps-per-execution 50 --rounds 7` (rates in thousands of examples/s, first step ("1st") in
+Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-25 07:09-07:47 UTC, with
+the next call bound before the wait, epochs queued behind each other and no call to reset
+the metric sums (`train/execution.py`, `train/loop.py`), `python benchmarks/bench_fit.py
+--no-keras --steps-per-execution 1 --rounds 20`, then the same with
+`--steps-per-execution 50 --rounds 8` (rates in thousands of examples/s, first step ("1st") in
 s; "/fast" is "/ fastest"):
 
 | dev | K | variant | steady | range | /sol | /fast | paired | median | /sol | whole | /sol | 1st |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
-| 1 | 1 | sol | 369 | 199-369 | 1.00 | 1.00 | 1.00 | 374 | 1.00 | 368 | 1.00 | 0.36 |
-| 1 | 1 | sol-index | 345 | 187-345 | 0.94 | 0.94 | 0.91 | 355 | 0.95 | 345 | 0.94 | 0.34 |
-| 1 | 1 | sol-lag | 359 | 251-359 | 0.97 | 0.97 | 1.00 | 381 | 1.00 | 358 | 0.97 | 0.37 |
-| 1 | 1 | fit | 361 | 236-361 | 0.98 | 0.98 | 1.04 | 372 | 0.99 | 298 | 0.81 | 0.57 |
-| 1 | 1 | fit+bar | 383 | 216-383 | 1.04 | 1.04 | 1.04 | 393 | 1.05 | 327 | 0.89 | 0.57 |
-| 1 | 1 | fit async | 355 | 259-355 | 0.96 | 0.96 | 0.99 | 366 | 0.96 | 315 | 0.86 | 0.51 |
-| 1 | 1 | fit async+bar | 350 | 257-350 | 0.95 | 0.95 | 0.95 | 367 | 0.96 | 288 | 0.78 | 0.56 |
-| 8 | 1 | sol | 180 | 130-180 | 1.00 | 0.98 | 1.00 | 182 | 1.00 | 180 | 1.00 | 0.46 |
-| 8 | 1 | sol-index | 171 | 124-171 | 0.95 | 0.93 | 0.99 | 176 | 0.97 | 171 | 0.95 | 0.44 |
-| 8 | 1 | sol-lag | 183 | 125-183 | 1.00 | 1.00 | 1.00 | 186 | 1.00 | 183 | 1.00 | 0.40 |
-| 8 | 1 | fit | 176 | 141-176 | 0.98 | 0.96 | 0.97 | 180 | 0.99 | 130 | 0.72 | 0.85 |
-| 8 | 1 | fit+bar | 166 | 131-166 | 0.92 | 0.91 | 0.97 | 171 | 0.94 | 124 | 0.69 | 0.88 |
-| 8 | 1 | fit async | 180 | 133-180 | 0.98 | 0.98 | 0.95 | 183 | 0.98 | 131 | 0.71 | 0.91 |
-| 8 | 1 | fit async+bar | 174 | 133-174 | 0.95 | 0.95 | 0.93 | 179 | 0.96 | 129 | 0.70 | 0.87 |
-| 1 | 50 | sol | 395 | 254-395 | 0.99 | 0.97 | 1.00 | 398 | 0.99 | 395 | 0.99 | 0.52 |
-| 1 | 50 | sol-index | 400 | 349-400 | 1.00 | 0.99 | 1.00 | 403 | 1.00 | 400 | 1.00 | 0.51 |
-| 1 | 50 | sol-lag | 405 | 311-405 | 1.00 | 1.00 | 1.00 | 405 | 1.00 | 405 | 1.00 | 0.47 |
-| 1 | 50 | fit | 401 | 275-401 | 1.00 | 0.99 | 1.00 | 404 | 1.00 | 387 | 0.97 | 1.89 |
-| 1 | 50 | fit+bar | 389 | 363-389 | 0.97 | 0.96 | 0.98 | 402 | 1.00 | 379 | 0.95 | 1.85 |
-| 1 | 50 | fit async | 403 | 250-403 | 1.00 | 1.00 | 0.98 | 407 | 1.00 | 392 | 0.97 | 1.90 |
-| 1 | 50 | fit async+bar | 401 | 252-401 | 0.99 | 0.99 | 0.99 | 405 | 1.00 | 387 | 0.96 | 1.87 |
-| 8 | 50 | sol | 198 | 162-198 | 1.00 | 1.00 | 1.00 | 203 | 1.00 | 198 | 1.00 | 0.77 |
-| 8 | 50 | sol-index | 193 | 153-193 | 0.97 | 0.97 | 0.98 | 197 | 0.97 | 194 | 0.98 | 0.73 |
-| 8 | 50 | sol-lag | 194 | 171-194 | 0.98 | 0.98 | 1.00 | 197 | 0.97 | 193 | 0.98 | 0.78 |
-| 8 | 50 | fit | 200 | 172-200 | 1.01 | 1.01 | 1.02 | 204 | 1.01 | 191 | 0.96 | 3.89 |
-| 8 | 50 | fit+bar | 192 | 170-192 | 0.97 | 0.97 | 0.97 | 198 | 0.97 | 185 | 0.93 | 3.41 |
-| 8 | 50 | fit async | 197 | 165-197 | 0.99 | 0.99 | 0.97 | 200 | 0.98 | 189 | 0.95 | 3.57 |
-| 8 | 50 | fit async+bar | 194 | 164-194 | 0.98 | 0.98 | 0.97 | 199 | 0.98 | 185 | 0.93 | 3.31 |
+| 1 | 1 | sol | 384 | 320-384 | 1.00 | 0.97 | 1.00 | 390 | 1.00 | 384 | 1.00 | 0.29 |
+| 1 | 1 | sol-index | 352 | 256-352 | 0.92 | 0.89 | 0.91 | 367 | 0.94 | 352 | 0.92 | 0.32 |
+| 1 | 1 | sol-lag | 394 | 277-394 | 1.00 | 1.00 | 1.00 | 396 | 1.00 | 393 | 1.00 | 0.30 |
+| 1 | 1 | fit | 387 | 266-387 | 1.01 | 0.98 | 0.99 | 397 | 1.02 | 317 | 0.83 | 0.51 |
+| 1 | 1 | fit+bar | 386 | 308-386 | 1.01 | 0.98 | 1.02 | 395 | 1.01 | 320 | 0.83 | 0.52 |
+| 1 | 1 | fit async | 390 | 291-390 | 0.99 | 0.99 | 0.98 | 396 | 1.00 | 328 | 0.84 | 0.50 |
+| 1 | 1 | fit async+bar | 391 | 292-391 | 0.99 | 0.99 | 0.96 | 395 | 1.00 | 323 | 0.82 | 0.51 |
+| 8 | 1 | sol | 188 | 150-188 | 1.00 | 1.00 | 1.00 | 190 | 1.00 | 188 | 1.00 | 0.45 |
+| 8 | 1 | sol-index | 181 | 129-181 | 0.97 | 0.97 | 0.94 | 184 | 0.97 | 181 | 0.96 | 0.42 |
+| 8 | 1 | sol-lag | 182 | 155-182 | 0.97 | 0.97 | 1.00 | 182 | 0.96 | 182 | 0.97 | 0.36 |
+| 8 | 1 | fit | 185 | 146-185 | 0.98 | 0.98 | 0.98 | 186 | 0.98 | 137 | 0.73 | 0.85 |
+| 8 | 1 | fit+bar | 184 | 147-184 | 0.98 | 0.98 | 0.98 | 187 | 0.98 | 135 | 0.72 | 0.89 |
+| 8 | 1 | fit async | 183 | 148-183 | 0.97 | 0.97 | 0.97 | 183 | 0.96 | 134 | 0.71 | 0.86 |
+| 8 | 1 | fit async+bar | 186 | 146-186 | 0.99 | 0.99 | 0.94 | 186 | 0.98 | 137 | 0.73 | 0.86 |
+| 1 | 50 | sol | 405 | 305-405 | 1.00 | 1.00 | 0.97 | 407 | 1.00 | 405 | 1.00 | 0.47 |
+| 1 | 50 | sol-index | 401 | 320-401 | 0.99 | 0.99 | 1.00 | 405 | 1.00 | 401 | 0.99 | 0.46 |
+| 1 | 50 | sol-lag | 403 | 361-403 | 0.99 | 0.99 | 0.99 | 404 | 0.99 | 401 | 0.99 | 0.48 |
+| 1 | 50 | fit | 409 | 367-409 | 1.01 | 1.01 | 1.00 | 414 | 1.02 | 396 | 0.98 | 1.82 |
+| 1 | 50 | fit+bar | 405 | 302-405 | 1.00 | 1.00 | 1.01 | 408 | 1.00 | 395 | 0.98 | 1.82 |
+| 1 | 50 | fit async | 387 | 335-387 | 0.95 | 0.95 | 0.96 | 412 | 1.01 | 375 | 0.93 | 1.74 |
+| 1 | 50 | fit async+bar | 405 | 330-405 | 1.00 | 1.00 | 0.94 | 410 | 1.01 | 395 | 0.98 | 1.74 |
+| 8 | 50 | sol | 202 | 167-202 | 1.00 | 1.00 | 0.97 | 202 | 1.00 | 203 | 1.00 | 0.74 |
+| 8 | 50 | sol-index | 198 | 172-198 | 0.98 | 0.98 | 1.00 | 202 | 1.00 | 197 | 0.97 | 0.73 |
+| 8 | 50 | sol-lag | 191 | 158-191 | 0.95 | 0.95 | 0.97 | 196 | 0.97 | 190 | 0.94 | 0.75 |
+| 8 | 50 | fit | 210 | 160-210 | 1.04 | 1.04 | 0.95 | 216 | 1.07 | 200 | 0.99 | 3.59 |
+| 8 | 50 | fit+bar | 190 | 161-190 | 0.94 | 0.94 | 0.94 | 197 | 0.98 | 183 | 0.90 | 2.98 |
+| 8 | 50 | fit async | 202 | 163-202 | 1.00 | 1.00 | 0.99 | 207 | 1.03 | 193 | 0.95 | 3.08 |
+| 8 | 50 | fit async+bar | 206 | 154-206 | 1.02 | 1.02 | 0.98 | 218 | 1.08 | 197 | 0.97 | 2.88 |
 
-The rounds of one variant varied by 15-45 % (another job shared the machine), and loops
-of the same cost disagreed by up to 3 %: sol-lag / sol, the same work on XLA:CPU where the
-host and the computation share the cores, 0.97-1.00; at K=50 sol-index / sol 0.97-1.01.
-Best rounds against the matching loop: fit 0.98-1.01, fit+bar 0.92-1.04, fit async
-0.96-1.00, fit async+bar 0.95-0.99; paired 0.93-1.04. The day before (07:01, before the
-small leaves were packed, `--rounds 5`) gave 0.97-1.02, 0.94-1.00, 0.96-1.00 and
-0.98-1.02. fit's whole-call rate pays for replicating the 160 MB dataset on every device
-and cutting its blocks at each `fit` call (0.4-0.6 s at 8 devices, 0.2 s at 1).
+The rounds of one variant varied by 10-34 % (another job shared the machine). Best rounds
+against the matching loop: fit 1.01 (1 device, K=1), 0.98 (8, K=1), 1.01 (1, K=50), 1.04
+(8, K=50); fit+bar 1.01, 0.98, 1.00, 0.94; paired 0.94-1.02. A run at the commit before
+(06:28-07:00, `--rounds 15` and `--rounds 7`; the zero sums were made during the epoch
+before instead) gave fit 1.00, 1.00, 1.01, 1.00 and fit+bar 1.00, 0.99, 1.00, 0.97; the
+day's first run (04:14, before this round) 0.98, 0.98, 1.00, 1.01 and 1.04, 0.92, 0.97,
+0.97. Loops of the same cost disagree by up to 3 % between runs (sol-lag / sol 0.97-1.00
+at K=1), so every cell is within the machine's noise of 1.00; the 8-device K=1 cells are
+the weakest (paired 0.98 here, 0.99 and 1.01 the run before). fit's whole-call rate pays
+for replicating the 160 MB dataset on every device and cutting its blocks at each `fit`
+call (0.4-0.6 s at 8 devices, 0.2 s at 1).
 
-Host-bound steps, 2026-11-25 04:48 UTC, `python benchmarks/bench_fit.py --batch 16
---no-keras --steps-per-execution 1 --rounds 7` (examples/s; a step is ~0.3 ms on one
-device, ~3 ms on 8, where XLA:CPU's 8-device rendezvous dominates):
+Host-bound steps (before this round), 2026-11-25 04:48 UTC, `python benchmarks/bench_fit.py
+--batch 16 --no-keras --steps-per-execution 1 --rounds 7` (examples/s; a step is ~0.3 ms on
+one device, ~3 ms on 8, where XLA:CPU's 8-device rendezvous dominates):
 
 | dev | variant | steady | / sol | paired | dev | variant | steady | / sol | paired |
 |---|---|---|---|---|---|---|---|---|---|
