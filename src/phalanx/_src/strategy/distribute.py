@@ -182,10 +182,8 @@ class BatchDistributor:
         if self._slots is None:  # asked once per batch: the count walks the devices
             several = jax.process_count() > 1
             self._slots = 0 if several else self.strategy.num_local_replicas * self.per_replica
-        if not self._slots:  # several processes
-            return False
         leaf = batch if isinstance(batch, np.ndarray) else jax.tree.leaves(batch)[0]
-        return int(np.shape(leaf)[0]) == self._slots
+        return bool(self._slots) and int(np.shape(leaf)[0]) == self._slots
 
     def _agree(self, per_replica: int) -> int:
         """The largest of every process's `per_replica`, so all build the same global shape.

@@ -72,8 +72,7 @@ def _jit_phase(model: Model, phase: str, many: bool, packing: Packing) -> Callab
     treedef = packing.treedef
     n = packing.metric_count
 
-    def run(step: Callable, metrics: list, others: list, *inputs: Any):
-        source, batch, mask, cursor = inputs
+    def run(step: Callable, metrics: list, others: list, source, batch, mask, cursor):
         state = jax.tree.unflatten(treedef, packing.unpack([*metrics, *others]))
         batch, mask = _pick(batch, mask, cursor)
         one = _with_source(step, source)
