@@ -110,6 +110,50 @@ def test_async_safe_batch_ends_run_after_the_next_dispatch_with_the_same_logs(al
     assert ahead != done[:-1]
 
 
+class _Tick:
+    def __init__(self):
+        self.waits = 0
+
+    def block_until_ready(self):
+        self.waits += 1
+
+
+def test_in_flight_forgets_the_calls_up_to_a_read_tick_and_bounds_the_rest():
+    in_flight = feed.InFlight()
+    ticks = [_Tick() for _ in range(feed.MAX_IN_FLIGHT + 5)]
+    for tick in ticks[:3]:
+        in_flight.add(tick)
+    in_flight.read(ticks[1])  # a reader one call behind: the last call stays queued
+    assert list(in_flight._ticks) == [ticks[2]]
+    in_flight.read(_Tick())  # not queued (an epoch's logs, say): nothing changes
+    assert list(in_flight._ticks) == [ticks[2]]
+    in_flight.read(ticks[2])
+    assert not in_flight._ticks
+    for tick in ticks[3:]:
+        in_flight.add(tick)
+    assert [t.waits for t in ticks] == [0] * 3 + [1] * 2 + [0] * (len(ticks) - 5)
+    in_flight.drain()
+    assert all(t.waits == 1 for t in ticks[5:]) and not in_flight._ticks
+
+
+@pytest.mark.parametrize("async_safe", [False, True])
+def test_a_reader_of_every_batch_leaves_no_call_to_wait_for(all_devices, monkeypatch, async_safe):
+    queued = []
+    real_add = feed.InFlight.add
+
+    def add(self, tick):
+        queued.append(len(self._ticks))  # before this call: none, or the one being read
+        real_add(self, tick)
+
+    monkeypatch.setattr(feed.InFlight, "add", add)
+    x, y = make_data(160)
+    model = build(all_devices)
+    reader = _Reader(async_safe)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[reader])
+    assert len(queued) == 20 and len(reader.seen) == 20
+    assert max(queued) == (1 if async_safe else 0)
+
+
 def test_one_callback_that_is_not_async_safe_keeps_every_batch_end_in_step():
     x, y = make_data(48)
     strategy = phalanx.Strategy(devices=jax.devices()[:1])

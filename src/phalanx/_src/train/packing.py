@@ -76,9 +76,9 @@ class Packing:
         small = SMALL if arrays else None
         return cls(treedef, tuple(_segment(leaves, lo, hi, small) for lo, hi in bounds))
 
-    @property
+    @functools.cached_property
     def metric_count(self) -> int:
-        """How many packed entries hold the metric sums (they come first)."""
+        """How many packed entries hold the metric sums (they come first; asked every call)."""
         return self.segments[0].size
 
     def pack(self, leaves: list) -> list:

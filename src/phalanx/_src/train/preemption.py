@@ -155,16 +155,11 @@ class PreemptionWatch:
         self.requested = True
         _exit_at_once_on_signals()
 
-    def _reached(self) -> bool:
-        if self._sync is not None and self._sync.reached_sync_point(next(_CALLS)):
-            self.requested = True  # JAX's notice (a TPU maintenance event) counts too
-        if self._vote is None:
-            return self.requested
-        return self._vote.cast(self.requested)
-
     def check(self, steps: int, feed: Any) -> None:
         """The step hook: at the agreed step, back up and raise `Preempted`."""
-        if not self._reached():
+        if self._sync is not None and self._sync.reached_sync_point(next(_CALLS)):
+            self.requested = True  # JAX's notice (a TPU maintenance event) counts too
+        if not (self.requested if self._vote is None else self._vote.cast(self.requested)):
             return
         self.requested = True
         if threading.current_thread() is threading.main_thread():

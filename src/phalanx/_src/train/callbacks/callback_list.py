@@ -169,7 +169,8 @@ class CallbackList:
             return None
 
         def call(batch: int, logs: dict[str, Any] | None) -> None:
-            logs = to_python_logs(logs) if logs else {}
+            # The loop's logs are floats already (`feed.fetch_logs`): a copy, no call each.
+            logs = {k: v if type(v) is float else _to_float(v) for k, v in (logs or {}).items()}
             for method in methods:
                 method(batch, logs=logs)
 
