@@ -192,6 +192,7 @@ import time
 BATCH = 1024
 STEPS = 50  # an epoch; the dataset is exactly STEPS batches
 ROWS = BATCH * STEPS
+VARIANTS = ("sol", "sol-index", "sol-lag", "fit", "fit+bar", "fit async", "fit async+bar", "keras")
 
 
 def _data():
@@ -446,6 +447,8 @@ def child(args: argparse.Namespace) -> None:
     # timeout in 2 of 2 three-round runs on the shared 2-core machine: one device only.
     if not args.no_keras and jax.device_count() == 1 and _has_keras():
         variants["keras"] = lambda k, n: with_keras(x, y, k, n)
+    if args.variants:
+        variants = {name: fn for name, fn in variants.items() if name in args.variants}
     rows = []
     for round_ in range(args.rounds):
         for k in args.steps_per_execution:
@@ -482,6 +485,8 @@ def fit_table(args: argparse.Namespace) -> None:
             flags += ["--steps-per-execution", str(k)]
         if args.no_keras:
             flags.append("--no-keras")
+        if args.variants:
+            flags += ["--variants", ",".join(args.variants)]
         rows = _run_child(flags, env)
         for k in args.steps_per_execution:
             for name in dict.fromkeys(r["variant"] for r in rows):
@@ -628,11 +633,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps at K=1 (x10 at K>1)")
     parser.add_argument("--batch", type=int, default=BATCH, help="global batch (fit table)")
     parser.add_argument("--no-keras", action="store_true", help="skip Keras 3 even if installed")
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        help="only these, e.g. sol,fit,fit+bar: more rounds in the same time (fit table)",
+    )
     parser.add_argument("--restart", nargs="?", const="table", choices=["table", "mlp", "cnn"])
     parser.add_argument("--predict", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.steps_per_execution = args.steps_per_execution or [1, 50]
+    if args.variants and (not set(args.variants) <= set(VARIANTS) or "sol" not in args.variants):
+        parser.error(f"--variants {','.join(args.variants)}: name sol and any of {VARIANTS}")
     if args.restart == "table":
         restart_table()
     elif args.restart:

@@ -15,7 +15,8 @@ def to_python_logs(logs: dict[str, Any] | None) -> dict[str, Any]:
     """`logs` with scalar arrays turned into Python floats (one fetch each, done once)."""
     if not logs:
         return {} if logs is None else logs
-    return {key: _to_float(value) for key, value in logs.items()}
+    # The loop's logs are floats already (`feed.fetch_logs`): a copy, with no call for each.
+    return {k: v if type(v) is float else _to_float(v) for k, v in logs.items()}
 
 
 def _to_float(value: Any) -> Any:
@@ -169,8 +170,7 @@ class CallbackList:
             return None
 
         def call(batch: int, logs: dict[str, Any] | None) -> None:
-            # The loop's logs are floats already (`feed.fetch_logs`): a copy, no call each.
-            logs = {k: v if type(v) is float else _to_float(v) for k, v in (logs or {}).items()}
+            logs = to_python_logs(logs) if logs else {}
             for method in methods:
                 method(batch, logs=logs)
 
