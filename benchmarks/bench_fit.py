@@ -74,7 +74,9 @@ thousands of examples/s, first step ("1st") in s:
 A variant's worst round was 12-45 % below its best (another job shared the machine). The
 same code's run of every variant (09:20-09:36, `--rounds 20`, K=1) gave fit 1.01 and 0.91,
 fit+bar 1.00 and 0.97 (1 and 8 devices), its 8-device rounds ranging 104-185 thousand:
-best-of ratios within a few percent of 1.00 are the machine's noise, not fit's. Timed head
+best-of ratios within a few percent of 1.00 are the machine's noise, not fit's. A second
+focused 8-device run (`--devices 8 --steps-per-execution 1 --rounds 30`, 10:46-10:53) gave
+fit 1.01 and fit+bar 1.05 (paired 0.99 and 1.00; rounds 117-182 thousand). Timed head
 to head instead (bare loops in one process, alternated, best of 8 rounds), fit's compiled
 train call is no slower than sol's step: 6.28 against 6.44 ms a step on 8 devices at K=1,
 and 124.2 against 127.1 ms a call on one device at K=50.
