@@ -91,7 +91,7 @@ def _setup():
 
 def _callbacks(variant: str, directory: str, every: int):
     import phalanx
-    from phalanx._src.train.checkpoint import TrainCheckpointer
+    from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
 
     class SyncCheckpoint(phalanx.callbacks.ModelCheckpoint):
         def on_train_begin(self, logs=None):
@@ -158,8 +158,8 @@ def writers(saves: int = 30) -> None:
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from phalanx._src.train.checkpoint_files import Files, to_host
-    from phalanx._src.train.checkpoint_layout import Layout
+    from phalanx._src.train.checkpoint.files import Files, to_host
+    from phalanx._src.train.checkpoint.layout import Layout
 
     model, _ = _setup()
     layout = Layout.of(model._state)

@@ -44,7 +44,7 @@ def child(devices: int) -> None:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from phalanx._src.train.packing import SMALL
+    from phalanx._src.train.engine.packing import SMALL
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     repl = NamedSharding(mesh, PartitionSpec())

@@ -219,7 +219,7 @@ def _measure(name: str, way: str, preset: str, precision: str, steps: int, warmu
     from flax import nnx
 
     import phalanx
-    from phalanx._src.train import flop_rate
+    from phalanx._src.train.engine import flop_rate
 
     cfg = PRESETS[preset][name]
     batch = cfg["batch"]

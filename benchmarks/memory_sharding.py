@@ -21,8 +21,8 @@ import jax
 from flax import nnx
 
 from phalanx._src.strategy.sharding import MODES, state_memory
-from phalanx._src.train import optimizers, precision
-from phalanx._src.train.accumulation import accumulate_gradients
+from phalanx._src.train.api import optimizers, precision
+from phalanx._src.train.engine.accumulation import accumulate_gradients
 
 VOCAB, WIDTH, BLOCKS = 32000, 2048, 20
 

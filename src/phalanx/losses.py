@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from phalanx._src.train.losses import BinaryCrossentropy as BinaryCrossentropy
-from phalanx._src.train.losses import CategoricalCrossentropy as CategoricalCrossentropy
-from phalanx._src.train.losses import FunctionLoss as FunctionLoss
-from phalanx._src.train.losses import Loss as Loss
-from phalanx._src.train.losses import MeanAbsoluteError as MeanAbsoluteError
-from phalanx._src.train.losses import MeanSquaredError as MeanSquaredError
-from phalanx._src.train.losses import SparseCategoricalCrossentropy as SparseCategoricalCrossentropy
-from phalanx._src.train.losses import get as get
+from phalanx._src.train.api.losses import BinaryCrossentropy as BinaryCrossentropy
+from phalanx._src.train.api.losses import CategoricalCrossentropy as CategoricalCrossentropy
+from phalanx._src.train.api.losses import FunctionLoss as FunctionLoss
+from phalanx._src.train.api.losses import Loss as Loss
+from phalanx._src.train.api.losses import MeanAbsoluteError as MeanAbsoluteError
+from phalanx._src.train.api.losses import MeanSquaredError as MeanSquaredError
+from phalanx._src.train.api.losses import (
+    SparseCategoricalCrossentropy as SparseCategoricalCrossentropy,
+)
+from phalanx._src.train.api.losses import get as get
 
 __all__ = [
     "BinaryCrossentropy",

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from phalanx._src.train.precision import LossScaleState as LossScaleState
-from phalanx._src.train.precision import Policy as Policy
-from phalanx._src.train.precision import all_finite as all_finite
-from phalanx._src.train.precision import current_loss_scale as current_loss_scale
-from phalanx._src.train.precision import get as get
-from phalanx._src.train.precision import global_policy as global_policy
-from phalanx._src.train.precision import loss_scale_optimizer as loss_scale_optimizer
-from phalanx._src.train.precision import scale_loss as scale_loss
-from phalanx._src.train.precision import set_global_policy as set_global_policy
-from phalanx._src.train.precision import unscale_grads as unscale_grads
+from phalanx._src.train.api.precision import LossScaleState as LossScaleState
+from phalanx._src.train.api.precision import Policy as Policy
+from phalanx._src.train.api.precision import all_finite as all_finite
+from phalanx._src.train.api.precision import current_loss_scale as current_loss_scale
+from phalanx._src.train.api.precision import get as get
+from phalanx._src.train.api.precision import global_policy as global_policy
+from phalanx._src.train.api.precision import loss_scale_optimizer as loss_scale_optimizer
+from phalanx._src.train.api.precision import scale_loss as scale_loss
+from phalanx._src.train.api.precision import set_global_policy as set_global_policy
+from phalanx._src.train.api.precision import unscale_grads as unscale_grads
 
 __all__ = [
     "LossScaleState",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from phalanx._src.train.optimizers import ScaleByKerasAdamState as ScaleByKerasAdamState
-from phalanx._src.train.optimizers import clip_by_norm as clip_by_norm
-from phalanx._src.train.optimizers import get as get
-from phalanx._src.train.optimizers import learning_rate as learning_rate
-from phalanx._src.train.optimizers import scale_by_keras_adam as scale_by_keras_adam
-from phalanx._src.train.optimizers import set_learning_rate as set_learning_rate
+from phalanx._src.train.api.optimizers import ScaleByKerasAdamState as ScaleByKerasAdamState
+from phalanx._src.train.api.optimizers import clip_by_norm as clip_by_norm
+from phalanx._src.train.api.optimizers import get as get
+from phalanx._src.train.api.optimizers import learning_rate as learning_rate
+from phalanx._src.train.api.optimizers import scale_by_keras_adam as scale_by_keras_adam
+from phalanx._src.train.api.optimizers import set_learning_rate as set_learning_rate
 
 __all__ = [
     "ScaleByKerasAdamState",

@@ -11,10 +11,10 @@ import optax
 import pytest
 
 import phalanx
-from phalanx._src.train import keras_bridge, losses, optimizers
-from phalanx._src.train.keras_bridge.losses import KerasLoss
-from phalanx._src.train.keras_bridge.metrics import KerasMetric
-from phalanx._src.train.metrics import registry
+from phalanx._src.train.api import keras_bridge, losses, optimizers
+from phalanx._src.train.api.keras_bridge.losses import KerasLoss
+from phalanx._src.train.api.keras_bridge.metrics import KerasMetric
+from phalanx._src.train.api.metrics import registry
 
 
 def _steps(make_optimizer, steps=4):

@@ -9,7 +9,7 @@ import pytest
 from keras_models import mlp, twin
 
 import phalanx
-from phalanx._src.train.keras_bridge.optimizer import from_keras
+from phalanx._src.train.api.keras_bridge.optimizer import from_keras
 
 
 def _data(n, seed=0):

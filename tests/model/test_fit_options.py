@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import build, make_data
 
-from phalanx._src.train import fit_options
+from phalanx._src.train.api import fit_options
 
 # keras is imported at collection (its import sets environment variables of its own).
 os.environ.setdefault("KERAS_BACKEND", "jax")

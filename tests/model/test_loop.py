@@ -10,8 +10,8 @@ import pytest
 from conftest import build, make_data
 
 import phalanx
-from phalanx._src.train import feed
-from phalanx._src.train.device_data import Blocks
+from phalanx._src.train.feeding import feed
+from phalanx._src.train.feeding.device_data import Blocks
 
 
 def _dataset(n=96, workers=2):

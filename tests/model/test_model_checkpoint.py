@@ -4,7 +4,7 @@ import numpy as np
 from conftest import build, make_data
 
 import phalanx
-from phalanx._src.train.checkpoint import TrainCheckpointer
+from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
 
 
 def test_saves_every_epoch_and_restores(all_devices, tmp_path):

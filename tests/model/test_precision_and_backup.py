@@ -8,7 +8,7 @@ from conftest import MLP, build, make_data
 from flax import nnx
 
 import phalanx
-from phalanx._src.train import precision
+from phalanx._src.train.api import precision
 
 
 def test_mixed_float16_skips_a_non_finite_step_and_halves_the_scale(all_devices):

@@ -8,7 +8,7 @@ from conftest import build, make_data
 
 import phalanx
 from phalanx._src.strategy.sharding import leaf_spec, memory_report
-from phalanx._src.train.checkpoint import TrainCheckpointer
+from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
 
 pytestmark = pytest.mark.multidevice
 

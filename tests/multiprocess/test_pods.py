@@ -19,7 +19,7 @@ from env_processes import SCRIPT, start, tails, wait
 
 from phalanx._src.cluster.watchdog import PEER_LOST_STATUS
 from phalanx._src.launch import launch
-from phalanx._src.train.preemption import PREEMPTED_STATUS
+from phalanx._src.train.checkpoint.preemption import PREEMPTED_STATUS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

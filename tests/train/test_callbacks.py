@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from phalanx import callbacks
-from phalanx._src.train.callbacks import live_bar
-from phalanx._src.train.callbacks.tensorboard import import_tensorboardx
+from phalanx._src.train.api.callbacks import live_bar
+from phalanx._src.train.api.callbacks.tensorboard import import_tensorboardx
 
 
 class FakeModel:

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 import phalanx
-from phalanx._src.train.checkpoint import TrainCheckpointer
-from phalanx._src.train.checkpoint_layout import Layout
+from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
+from phalanx._src.train.checkpoint.layout import Layout
 
 WIDE = 2048  # 2048 x 2048 float32 kernel + Adam's two moments: ~50 MB, long enough to write
 
@@ -43,7 +43,7 @@ KILL_DURING_SAVE = textwrap.dedent(
     import numpy as np
     sys.path.insert(0, {here!r})
     from test_checkpoint_async import _model
-    from phalanx._src.train.checkpoint import TrainCheckpointer
+    from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
     model = _model(0)
     ckpt = TrainCheckpointer({directory!r})
     ckpt.save(1, model, {{"n": 1}}, wait=True)

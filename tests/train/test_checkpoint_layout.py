@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from phalanx._src.train.checkpoint_layout import Layout
+from phalanx._src.train.checkpoint.layout import Layout
 
 N = jax.device_count()
 

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import phalanx
-from phalanx._src.train import flop_rate
+from phalanx._src.train.engine import flop_rate
 
 
 class Dense(nnx.Module):

@@ -10,7 +10,7 @@ from flax import nnx
 
 import phalanx
 from phalanx import metrics
-from phalanx._src.train.metrics import base as metrics_base
+from phalanx._src.train.api.metrics import base as metrics_base
 
 RNG = np.random.default_rng(1)
 N, C = 40, 5

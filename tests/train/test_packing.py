@@ -7,7 +7,7 @@ import optax
 from flax import nnx
 
 import phalanx
-from phalanx._src.train.packing import SMALL, Packing
+from phalanx._src.train.engine.packing import SMALL, Packing
 
 
 def _state():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import phalanx
-from phalanx._src.train.preemption import StopVote
+from phalanx._src.train.checkpoint.preemption import StopVote
 
 
 @pytest.mark.multidevice

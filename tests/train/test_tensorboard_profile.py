@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import phalanx
-from phalanx._src.train.callbacks import tensorboard as tb_lib
+from phalanx._src.train.api.callbacks import tensorboard as tb_lib
 
 
 def _fit(tmp_path, profile_batch, steps_per_execution=1, steps=8):

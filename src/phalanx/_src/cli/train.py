@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("KERAS_BACKEND", "jax")
 
     import phalanx
-    from phalanx._src.train.callbacks.csv_logger import CSVLogger
-    from phalanx._src.train.flop_rate import MFU_KEY, TFLOPS_KEY
+    from phalanx._src.train.api.callbacks.csv_logger import CSVLogger
+    from phalanx._src.train.engine.flop_rate import MFU_KEY, TFLOPS_KEY
 
     # Data and model references first: a missing file or a bad reference is one clear error
     # before any device is touched.

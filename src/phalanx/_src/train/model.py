@@ -12,15 +12,15 @@ from flax import nnx
 
 from phalanx._src.cluster.watchdog import peer_failures
 from phalanx._src.strategy.strategy import Strategy, get_strategy
-from phalanx._src.train import keras_bridge, multi_output
-from phalanx._src.train import optimizers as optimizers_lib
-from phalanx._src.train import precision as precision_lib
-from phalanx._src.train.accumulation import accumulate_gradients
 from phalanx._src.train.adapters import adapt
-from phalanx._src.train.metrics import registry as metrics_registry
-from phalanx._src.train.metrics.mean import Mean
-from phalanx._src.train.packing import Packing
-from phalanx._src.train.step import Steps
+from phalanx._src.train.api import keras_bridge, multi_output
+from phalanx._src.train.api import optimizers as optimizers_lib
+from phalanx._src.train.api import precision as precision_lib
+from phalanx._src.train.api.metrics import registry as metrics_registry
+from phalanx._src.train.api.metrics.mean import Mean
+from phalanx._src.train.engine.accumulation import accumulate_gradients
+from phalanx._src.train.engine.packing import Packing
+from phalanx._src.train.engine.step import Steps
 
 
 def _check_steps(value: Any, name: str) -> int:
@@ -99,7 +99,7 @@ class Model:
           loss: a Keras loss name, a `phalanx.losses` object, or `fn(y_true, y_pred)`
             returning per-example losses; for a model with several outputs, a dict
             `{output: loss}` or a list with one loss per output (see
-            `phalanx._src.train.multi_output`).
+            `phalanx._src.train.api.multi_output`).
           metrics: Keras metric names ('accuracy', ...) or `phalanx.metrics` objects; per
             output, a dict `{output: [metrics]}` or a list with one entry per output
             (logged as `{output}_{metric}`).
@@ -270,7 +270,7 @@ class Model:
           >>> model.compile(...)                       # the same configuration as when saved
           >>> model.load_checkpoint("runs/ckpt")
         """
-        from phalanx._src.train.checkpoint import TrainCheckpointer
+        from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
 
         self._check_compiled("load_checkpoint")
         checkpointer = TrainCheckpointer(directory)
@@ -281,8 +281,8 @@ class Model:
 
     # ---- the loops ------------------------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
-        """Trains; see `phalanx._src.train.loop.fit` for every argument (Keras's names)."""
-        from phalanx._src.train import loop
+        """Trains; see `phalanx._src.train.loops.loop.fit` for every argument (Keras's names)."""
+        from phalanx._src.train.loops import loop
 
         self._check_compiled("fit")
         with peer_failures():
@@ -293,7 +293,7 @@ class Model:
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> dict[str, float]:
         """Loss and metrics over a dataset, each example counted once; see `loop.evaluate`."""
-        from phalanx._src.train import loop
+        from phalanx._src.train.loops import loop
 
         self._check_compiled("evaluate")
         with peer_failures():
@@ -301,7 +301,7 @@ class Model:
 
     def predict(self, x: Any, **kwargs: Any) -> Any:
         """Predictions for every example, in order, as NumPy; see `loop.predict`."""
-        from phalanx._src.train import loop
+        from phalanx._src.train.loops import loop
 
         self._check_compiled("predict")
         with peer_failures():

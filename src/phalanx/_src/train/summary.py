@@ -158,7 +158,7 @@ def summary_text(
     """
     from flax import nnx
 
-    from phalanx._src.train import checks
+    from phalanx._src.train.engine import checks
 
     model._check_compiled("summary")
     module = model.module

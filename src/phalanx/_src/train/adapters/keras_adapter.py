@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from phalanx._src.train import precision
-from phalanx._src.train.keras_bridge import is_keras_object
+from phalanx._src.train.api import precision
+from phalanx._src.train.api.keras_bridge import is_keras_object
 
 # The batch mask of the step being traced, read by the patched BatchNormalization.call.
 _BATCH_MASK: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar(

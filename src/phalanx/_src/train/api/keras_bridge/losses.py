@@ -1,0 +1,53 @@
+"""A Keras 3 loss object as a phalanx per-example `Loss`.
+
+Keras's own `__call__` runs with `reduction=None` (set on the user's object only while it is
+traced, then restored: a copy would lose arguments some losses leave out of their config):
+rank alignment, the loss function and its dtype are Keras's; the training step then weighs,
+masks and averages the per-example values exactly as for phalanx's losses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from phalanx._src.train.api.losses import Loss
+
+# Keras's choice of accuracy for metrics=['accuracy'], by the loss's class name.
+_IMPLIED_ACCURACY = {
+    "SparseCategoricalCrossentropy": "sparse_categorical_accuracy",
+    "CategoricalCrossentropy": "categorical_accuracy",
+    "CategoricalFocalCrossentropy": "categorical_accuracy",
+    "BinaryCrossentropy": "binary_accuracy",
+    "BinaryFocalCrossentropy": "binary_accuracy",
+}
+
+
+class KerasLoss(Loss):
+    """A `keras.losses.Loss` returning one float32 value per example.
+
+    Args:
+      loss: the Keras loss object, e.g. `keras.losses.CategoricalCrossentropy()`.
+
+    Example:
+      >>> loss = KerasLoss(keras.losses.Huber(delta=0.5))
+      >>> loss(y_true, y_pred).shape   # (batch,)
+    """
+
+    def __init__(self, loss: Any) -> None:
+        super().__init__(loss.name)
+        self.keras_loss = loss
+        # Read by metrics.get('accuracy'); None: decided from the shapes, as Keras does.
+        self.implied_accuracy = _IMPLIED_ACCURACY.get(type(loss).__name__)
+
+    def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+        reduction = self.keras_loss.reduction
+        self.keras_loss.reduction = None
+        try:
+            return self.keras_loss(y_true, y_pred)
+        finally:
+            self.keras_loss.reduction = reduction
+
+    def __repr__(self) -> str:
+        return f"KerasLoss({self.keras_loss!r})"
