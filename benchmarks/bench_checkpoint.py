@@ -162,8 +162,8 @@ def writers(saves: int = 30) -> None:
     from phalanx._src.train.checkpoint.layout import Layout
 
     model, _ = _setup()
-    layout = Layout.of(model._state)
-    arrays = layout.pack(jax.tree.leaves(model._state))
+    layout = Layout.of(model.engine.state)
+    arrays = layout.pack(jax.tree.leaves(model.engine.state))
     meta = {"record": {"epoch": 0}, "layout": layout.describe()}
     sizes = {k: int(np.prod(v.shape)) for k, v in arrays.items()}
     print(f"{len(arrays)} arrays, {sizes} elements; {saves} saves each, max_to_keep=2")

@@ -241,7 +241,7 @@ def _measure(name: str, way: str, preset: str, precision: str, steps: int, warmu
         class Clock(phalanx.callbacks.Callback):
             def on_train_batch_end(self, batch_index, logs=None):
                 # A sync per step: the step times are device times, as in the hand loop.
-                jax.block_until_ready(self.model._state["params"])
+                jax.block_until_ready(self.model.engine.state["params"])
                 ends.append(time.perf_counter())
 
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[Clock()])

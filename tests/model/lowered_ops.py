@@ -15,7 +15,7 @@ def matmuls(model, batch) -> list[tuple[str, tuple[str, ...]]]:
     """`(op, operand dtypes)` of every dot_general and convolution in `model`'s train step
     on the host `batch` (e.g. `(x, y)`), e.g. `("dot_general", ("bf16", "bf16"))`."""
     arrays, mask = BatchDistributor(model.strategy, pad_at_end=True).arrays(batch)
-    text = jax.jit(model.steps.train).lower(model._state, arrays, mask).as_text()
+    text = jax.jit(model.engine.steps.train).lower(model.engine.state, arrays, mask).as_text()
     found = []
     for line in text.splitlines():
         match = re.search(r"stablehlo\.(dot_general|convolution).*:\s*\((.*)\)\s*->", line)

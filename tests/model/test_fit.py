@@ -84,11 +84,11 @@ def test_steps_per_execution_equals_single_steps_and_compiles_once(all_devices, 
     for a, b in zip(_params(fused), _params(single), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for phase in ("train", "test"):
-        assert fused._compiled_fns[(phase, True)]._cache_size() == 1
+        assert fused.engine.cache[(phase, True)]._cache_size() == 1
     # Single training steps compile twice: without the mask for full batches, and with it
     # for the partial last one (Steps.train); evaluation always takes the mask.
-    assert single._compiled_fns[("train", False)]._cache_size() == 2
-    assert single._compiled_fns[("test", False)]._cache_size() == 1
+    assert single.engine.cache[("train", False)]._cache_size() == 2
+    assert single.engine.cache[("test", False)]._cache_size() == 1
 
 
 def test_evaluate_is_the_one_device_number(one_device, all_devices):
@@ -140,7 +140,7 @@ def test_bad_arguments_fail_before_compiling(all_devices):
     uncompiled = phalanx.Model(build(all_devices).module)
     with pytest.raises(RuntimeError, match="compile"):
         uncompiled.fit(x, y)
-    assert not model._compiled_fns.get(("train", False))
+    assert not model.engine.cache.get(("train", False))
     assert jax.device_count() >= 1
 
 
@@ -151,7 +151,7 @@ def test_auto_steps_per_execution_fits_the_epoch(all_devices):
     single = build(all_devices, optimizer="adam")
     for model in (auto, single):
         model.fit(x, y, batch_size=4 * n, epochs=2, seed=1, verbose=0)
-    assert auto._execution_k(6) == 6 and auto._execution_k(None) == 50
+    assert auto.engine.steps_per_call(6) == 6 and auto.engine.steps_per_call(None) == 50
     np.testing.assert_allclose(
         auto.history.history["loss"], single.history.history["loss"], rtol=1e-5
     )

@@ -10,8 +10,11 @@ import pytest
 from conftest import build, make_data
 
 import phalanx
-from phalanx._src.train.feeding import feed
+from phalanx._src.train.engine.engine import Engine
+from phalanx._src.train.feeding import sources
 from phalanx._src.train.feeding.device_data import Blocks
+from phalanx._src.train.loops import fit as fit_loop
+from phalanx._src.train.loops import phase
 
 
 def _dataset(n=96, workers=2):
@@ -49,9 +52,9 @@ def test_no_thread_outlives_fit(all_devices, error):
 
 def test_hooks_nobody_overrides_cost_no_device_sync(all_devices, monkeypatch):
     fetches = []
-    real = feed.fetch_logs
+    real = Engine.fetch_logs
     monkeypatch.setattr(
-        feed, "fetch_logs", lambda model, values=None: fetches.append(1) or real(model, values)
+        Engine, "fetch_logs", lambda engine, values=None: fetches.append(1) or real(engine, values)
     )
     x, y = make_data(80)
     model = build(all_devices)
@@ -119,8 +122,8 @@ class _Tick:
 
 
 def test_in_flight_forgets_the_calls_up_to_a_read_tick_and_bounds_the_rest():
-    in_flight = feed.InFlight()
-    ticks = [_Tick() for _ in range(feed.MAX_IN_FLIGHT + 5)]
+    in_flight = phase.InFlight()
+    ticks = [_Tick() for _ in range(phase.MAX_IN_FLIGHT + 5)]
     for tick in ticks[:3]:
         in_flight.add(tick)
     in_flight.read(ticks[1])  # a reader one call behind: the last call stays queued
@@ -139,13 +142,13 @@ def test_in_flight_forgets_the_calls_up_to_a_read_tick_and_bounds_the_rest():
 @pytest.mark.parametrize("async_safe", [False, True])
 def test_a_reader_of_every_batch_leaves_no_call_to_wait_for(all_devices, monkeypatch, async_safe):
     queued = []
-    real_add = feed.InFlight.add
+    real_add = phase.InFlight.add
 
     def add(self, tick):
         queued.append(len(self._ticks))  # before this call: none, or the one being read
         real_add(self, tick)
 
-    monkeypatch.setattr(feed.InFlight, "add", add)
+    monkeypatch.setattr(phase.InFlight, "add", add)
     x, y = make_data(160)
     model = build(all_devices)
     reader = _Reader(async_safe)
@@ -257,9 +260,9 @@ def test_an_iterator_carried_over_epochs_gives_the_host_pipelines_numbers(all_de
 
 def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
     used = []
-    real = feed.device_data.prepare
+    real = sources.device_data.prepare
     monkeypatch.setattr(
-        feed.device_data, "prepare", lambda *a, **k: used.append(r := real(*a, **k)) or r
+        sources.device_data, "prepare", lambda *a, **k: used.append(r := real(*a, **k)) or r
     )
     x, y = make_data(48)
     build(all_devices).fit(x, y, batch_size=16, epochs=1, verbose=0)
@@ -339,22 +342,22 @@ def test_each_epochs_logs_cover_its_own_batches_as_the_next_queues_behind(
     # the validation in between.
     x, y = make_data(96)
     queued = []  # calls still queued when each epoch starts: not drained at the boundary
-    real_run_phase = feed.run_phase
+    real_run_phase = fit_loop.run_phase
 
     def run_phase(model, phase, *args, in_flight=None, **kwargs):
         if phase == "train":
             queued.append(len(in_flight._ticks))
         return real_run_phase(model, phase, *args, in_flight=in_flight, **kwargs)
 
-    monkeypatch.setattr(feed, "run_phase", run_phase)
+    monkeypatch.setattr(fit_loop, "run_phase", run_phase)
     added = []
-    real_add = feed.InFlight.add
+    real_add = phase.InFlight.add
 
     def add(self, tick):
         real_add(self, tick)
         added.append(len(self._ticks))
 
-    monkeypatch.setattr(feed.InFlight, "add", add)
+    monkeypatch.setattr(phase.InFlight, "add", add)
     model = build(all_devices, optimizer=optax.sgd(0.0), steps_per_execution=k)
     ds = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(16)  # 6 batches
     history = model.fit(ds.repeat(), epochs=3, steps_per_epoch=2, verbose=0,
@@ -368,4 +371,4 @@ def test_each_epochs_logs_cover_its_own_batches_as_the_next_queues_behind(
     np.testing.assert_allclose(history.history["val_loss"], [val["loss"]], rtol=1e-6)
     # Epoch 2 queued behind epoch 1; epoch 3 starts on drained devices, after validation.
     assert queued[0] == 0 and queued[1] > 0 and queued[2] == 0
-    assert max(added) <= feed.MAX_IN_FLIGHT
+    assert max(added) <= phase.MAX_IN_FLIGHT

@@ -13,18 +13,18 @@ from phalanx._src.train.api import precision
 
 def test_mixed_float16_skips_a_non_finite_step_and_halves_the_scale(all_devices):
     model = build(all_devices, optimizer="adam", precision="mixed_float16")
-    assert float(precision.current_loss_scale(model._state["opt"])) == 2.0**15
+    assert float(precision.current_loss_scale(model.engine.state["opt"])) == 2.0**15
     x, y = make_data(16)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     weights = model.get_weights()
-    opt_before = jax.tree.map(np.asarray, model._state["opt"])
+    opt_before = jax.tree.map(np.asarray, model.engine.state["opt"])
     bad = x.copy()
     bad[3, 0] = np.inf
     model.fit(bad, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
-    assert float(precision.current_loss_scale(model._state["opt"])) == 2.0**14
+    assert float(precision.current_loss_scale(model.engine.state["opt"])) == 2.0**14
     for a, b in zip(model.get_weights(), weights, strict=True):
         np.testing.assert_array_equal(a, b)
-    inner_now = jax.tree.leaves(model._state["opt"].inner_state)
+    inner_now = jax.tree.leaves(model.engine.state["opt"].inner_state)
     inner_before = jax.tree.leaves(opt_before.inner_state)
     for a, b in zip(inner_now, inner_before, strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)

@@ -75,7 +75,7 @@ def test_parameters_optimizer_state_statistics_and_loss_stay_float32(precision):
     model, tokens = _compiled_model(precision)
     history = model.fit(tokens, tokens, batch_size=len(tokens), epochs=2, verbose=0)
     assert all(np.isfinite(history.history["loss"]))
-    state = model._state
+    state = model.engine.state
     for leaf in jax.tree.leaves((state["params"], state["rest"], state["opt"])):
         if jnp.issubdtype(leaf.dtype, jnp.floating):
             assert leaf.dtype == jnp.float32

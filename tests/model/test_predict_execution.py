@@ -15,7 +15,7 @@ def test_predict_runs_k_batches_per_call_with_the_same_outputs(all_devices, devi
     assert got.shape == (13, 5)
     np.testing.assert_allclose(got, np.asarray(model(x)), atol=1e-5)
     # Device-resident rows run K batches per call; host batches one call each.
-    assert (("predict", True) in model._compiled_fns) == device_data
+    assert (("predict", True) in model.engine.cache) == device_data
 
 
 def test_predict_steps_limit_and_hooks_once_per_call(all_devices):

@@ -59,22 +59,20 @@ def test_same_numbers_as_replicated_and_sharded_layout(mode, k, replicated):
     for key, value in want_eval.items():
         assert got_eval[key] == pytest.approx(value, rel=1e-6, abs=1e-6)
     np.testing.assert_allclose(model.predict(x), want_predictions, rtol=1e-6, atol=1e-6)
-    state = model._state
+    state = model.engine.state
     _assert_laid_out(state["opt"], sharded=True)
     _assert_laid_out(state["params"], sharded=mode == "fsdp")
     _assert_laid_out(state["rest"], sharded=False)
     # Two epochs of fit, one compilation: the sharded output layout is the next input's.
     train_fns = [
-        fn
-        for key, fn in model._compiled_fns.items()
-        if isinstance(key, tuple) and key[0] == "train"
+        fn for key, fn in model.engine.cache.items() if isinstance(key, tuple) and key[0] == "train"
     ]
     assert train_fns and all(fn._cache_size() == 1 for fn in train_fns)
     # Setting the learning rate or the weights keeps the layout.
     model.learning_rate = 5e-4
     model.set_weights(model.get_weights())
-    _assert_laid_out(model._state["opt"], sharded=True)
-    _assert_laid_out(model._state["params"], sharded=mode == "fsdp")
+    _assert_laid_out(model.engine.state["opt"], sharded=True)
+    _assert_laid_out(model.engine.state["params"], sharded=mode == "fsdp")
     assert model.learning_rate == pytest.approx(5e-4)
 
 
@@ -82,14 +80,14 @@ def test_memory_report_counts_per_device_bytes():
     model, _ = _fit("fsdp", epochs=1)
     report = memory_report(model)
     assert (report["state_sharding"], report["num_replicas"]) == ("fsdp", N)
-    full = sum(a.nbytes for a in jax.tree.leaves(model._state["params"]))
+    full = sum(a.nbytes for a in jax.tree.leaves(model.engine.state["params"]))
     assert report["replicated"]["params"] == full
     per_device = sum(
-        a.addressable_shards[0].data.nbytes for a in jax.tree.leaves(model._state["params"])
+        a.addressable_shards[0].data.nbytes for a in jax.tree.leaves(model.engine.state["params"])
     )
     assert report["sharded"]["params"] == per_device
     opt_per_device = sum(
-        a.addressable_shards[0].data.nbytes for a in jax.tree.leaves(model._state["opt"])
+        a.addressable_shards[0].data.nbytes for a in jax.tree.leaves(model.engine.state["opt"])
     )
     assert report["sharded"]["optimizer"] == opt_per_device
     if N > 1:
@@ -105,11 +103,13 @@ def test_checkpoint_restores_on_half_the_devices(mode, tmp_path):
     half = jax.devices()[: max(1, N // 2)]
     fresh = build(phalanx.Strategy(devices=half, state_sharding=mode), optimizer="adam", seed=7)
     fresh.load_checkpoint(tmp_path / "ck")
-    for got, want in zip(jax.tree.leaves(fresh._state), jax.tree.leaves(model._state), strict=True):
+    for got, want in zip(
+        jax.tree.leaves(fresh.engine.state), jax.tree.leaves(model.engine.state), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
         assert got.sharding.device_set == set(half)
     # Restored in the target's layout: training goes on there.
     x, y = make_data(24, seed=1)
     fresh.fit(x, y, batch_size=24, epochs=1, verbose=0)
-    _assert_laid_out(fresh._state["opt"], sharded=True, n=len(half))
-    _assert_laid_out(fresh._state["params"], sharded=mode == "fsdp", n=len(half))
+    _assert_laid_out(fresh.engine.state["opt"], sharded=True, n=len(half))
+    _assert_laid_out(fresh.engine.state["params"], sharded=mode == "fsdp", n=len(half))

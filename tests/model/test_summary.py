@@ -34,7 +34,7 @@ def test_layers_shapes_and_counts_from_input_shape(one_device):
     text = _text(model, input_shape=(12,))
     assert re.search(r"^l1\s+Linear\s+float32\[1,16\]\s+208\s+832 B$", text, re.M)
     assert re.search(r"^l2\s+Linear\s+float32\[1,5\]\s+85\s+340 B$", text, re.M)
-    params = sum(leaf.size for leaf in jax.tree.leaves(model._state["params"]))
+    params = sum(leaf.size for leaf in jax.tree.leaves(model.engine.state["params"]))
     assert f"Trainable params: {params:,}" in text
     # Before any input is known the layers and counts are listed, shapes are not.
     fresh = build(one_device, optimizer="adam")
@@ -71,10 +71,10 @@ def test_device_memory_is_what_one_device_holds(sharding):
             if shard.device == device
         )
 
-    params, opt = held(model._state["params"]), held(model._state["opt"])
+    params, opt = held(model.engine.state["params"]), held(model.engine.state["opt"])
     assert f"({sharding}): params {params:,} B + optimizer {opt:,} B" in line
     if sharding == "zero1" and strategy.num_replicas_in_sync > 1:
-        assert opt < _bytes(model._state["opt"])  # split, not replicated
+        assert opt < _bytes(model.engine.state["opt"])  # split, not replicated
 
 
 def test_non_trainable_state_is_counted(one_device):

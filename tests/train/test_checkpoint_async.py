@@ -91,14 +91,14 @@ def test_an_async_save_survives_the_next_steps_and_restores_exactly(tmp_path):
     ckpt = TrainCheckpointer(tmp_path / "ckpt")
     try:
         ckpt.save(7, model, {"epoch": 0})
-        saved = jax.device_get(model._state)
+        saved = jax.device_get(model.engine.state)
         model.fit(x, x, batch_size=8, epochs=2, verbose=0)
         assert not np.array_equal(model.get_weights()[0], saved["params"]["l1"]["kernel"][...])
         assert ckpt.restore(model) == {"epoch": 0}
     finally:
         ckpt.close()
     # Every leaf as it was at the save: parameters, optimizer state, metric sums.
-    restored = jax.device_get(model._state)
+    restored = jax.device_get(model.engine.state)
     assert jax.tree.structure(restored) == jax.tree.structure(saved)
     jax.tree.map(np.testing.assert_array_equal, restored, saved)
 
@@ -112,19 +112,19 @@ def test_a_checkpoint_orbax_wrote_for_several_processes_restores_in_one(tmp_path
     ckpt = TrainCheckpointer(tmp_path / "ckpt", max_to_keep=2)
     try:
         # What TrainCheckpointer.save does on several processes, here on one.
-        layout = Layout.of(model._state)
+        layout = Layout.of(model.engine.state)
         meta = {"record": {"by": "orbax"}, "layout": layout.describe()}
-        packed = layout.pack(jax.tree.leaves(model._state))
+        packed = layout.pack(jax.tree.leaves(model.engine.state))
         ckpt._orbax().save(3, args=ckpt._orbax_args(packed, meta), force=True)
-        saved = jax.device_get(model._state)
+        saved = jax.device_get(model.engine.state)
         model.fit(x, x, batch_size=8, epochs=1, verbose=0)
         ckpt.save(4, model, {"by": "files"}, wait=True)
-        after = jax.device_get(model._state)
+        after = jax.device_get(model.engine.state)
         assert ckpt.latest_step() == 4 and ckpt._files.is_ours(4) and not ckpt._files.is_ours(3)
         assert ckpt.restore(model, step=3) == {"by": "orbax"}
-        jax.tree.map(np.testing.assert_array_equal, jax.device_get(model._state), saved)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(model.engine.state), saved)
         assert ckpt.restore(model) == {"by": "files"}
-        jax.tree.map(np.testing.assert_array_equal, jax.device_get(model._state), after)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(model.engine.state), after)
         ckpt.save(5, model, {"by": "files"}, wait=True)  # max_to_keep=2: the oldest goes
         assert ckpt._files.steps() == [4, 5]
         ckpt.delete_all()

@@ -49,7 +49,7 @@ def _params(widths):
 def test_seed_mlp_flops_match_a_hand_count():
     widths = (784, 128, 10)
     model, logs, batch = _fit(widths)
-    flops = model._compiled_fns["flops_per_step"]
+    flops = model.engine.cache["flops_per_step"]
     params = _params(widths)
     # Forward 2 flops per parameter per example, weight gradients 2 more, and the gradient
     # with respect to each layer's input 2 more, except for the first layer: nothing
@@ -66,7 +66,7 @@ def test_seed_mlp_flops_match_a_hand_count():
 def test_six_times_parameters_rule_for_a_deep_mlp_with_steps_per_execution():
     widths = (16, 256, 256, 256, 10)
     model, logs, batch = _fit(widths, steps_per_execution=2)
-    flops = model._compiled_fns["flops_per_step"]
+    flops = model.engine.cache["flops_per_step"]
     assert flops == pytest.approx(6 * sum(_params(widths)) * batch, rel=0.2)
     rate = logs["model_tflops_per_second"][0] * 1e12
     # Counted once per step, not once per compiled call of 2 steps.
@@ -105,7 +105,7 @@ def test_peak_table(kind, dtype, peak):
 def test_any_source_gets_the_same_count_as_device_arrays():
     widths = (8, 16, 4)
     model, _, batch = _fit(widths, steps=2)
-    on_devices = model._compiled_fns["flops_per_step"]
+    on_devices = model.engine.cache["flops_per_step"]
     model.compile("adam", phalanx.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(1)
     batches = [
@@ -114,5 +114,5 @@ def test_any_source_gets_the_same_count_as_device_arrays():
     ]
     history = model.fit(iter(batches), epochs=1, verbose=0, device_data=False)
     # Rows sent, or row numbers into on-device arrays (a gather: a few more flops).
-    assert model._compiled_fns["flops_per_step"] == pytest.approx(on_devices, rel=0.01)
+    assert model.engine.cache["flops_per_step"] == pytest.approx(on_devices, rel=0.01)
     assert history.history["model_tflops_per_second"][0] > 0

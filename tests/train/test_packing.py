@@ -98,10 +98,10 @@ def test_fit_keeps_the_state_packed_between_calls():
     x = np.ones((16, 4), np.float32)
     y = np.zeros((16, 3), np.float32)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    packed, packing = model._state_leaves()
-    leaves = jax.tree.leaves(model._state)
+    packed, packing = model.engine.leaves()
+    leaves = jax.tree.leaves(model.engine.state)
     assert len(packed) < len(leaves)  # Adam's count, the metric sums... travel as vectors
     before = model.get_weights()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert model._state_leaves()[1] is packing  # the same packing: nothing recompiles
+    assert model.engine.leaves()[1] is packing  # the same packing: nothing recompiles
     assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))

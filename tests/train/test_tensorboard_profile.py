@@ -37,9 +37,10 @@ class Recorder(tb_lib.TensorBoard):
         super().__init__("unused", profile_batch=profile_batch)
         self.events = []
         self.k = k
-        self.set_model(self)  # _execution_k below stands in for the model's
+        self.engine = self  # steps_per_call below stands in for the model's engine's
+        self.set_model(self)
 
-    def _execution_k(self, steps):
+    def steps_per_call(self, steps):
         return self.k
 
     def _writer(self, name):

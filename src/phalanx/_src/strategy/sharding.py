@@ -158,7 +158,7 @@ def memory_report(model: Any) -> dict[str, Any]:
       >>> memory_report(model)["sharded"]["total"]       # bytes on each device
       1648128
     """
-    state = getattr(model, "_state", None)
+    state = getattr(getattr(model, "engine", None), "state", None)
     if state is None:
         raise RuntimeError("call model.compile(...) before memory_report(model)")
     strategy = model.strategy

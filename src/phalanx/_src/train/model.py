@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 import optax
 from flax import nnx
@@ -19,7 +18,7 @@ from phalanx._src.train.api import precision as precision_lib
 from phalanx._src.train.api.metrics import registry as metrics_registry
 from phalanx._src.train.api.metrics.mean import Mean
 from phalanx._src.train.engine.accumulation import accumulate_gradients
-from phalanx._src.train.engine.packing import Packing
+from phalanx._src.train.engine.engine import Engine
 from phalanx._src.train.engine.step import Steps
 
 
@@ -59,23 +58,28 @@ class Model:
     def __init__(self, module: Any, *, strategy: Strategy | None = None) -> None:
         self.adapter = adapt(module)
         self.strategy = strategy if strategy is not None else get_strategy()
-        self.stop_training = False
-        self.train_step_count = 0  # batches trained on by fit, over all calls
+        # The training state, compiled calls and fit's position; see `engine.Engine`.
+        self.engine = Engine(self.strategy, self.adapter)
         self.history: Any = None
         self.compiled = False
-        self._tree: dict | None = None  # the training state; see `_state`
-        self._leaves: list | None = None  # or its packed leaves, as the compiled calls take them
-        self._packing: Packing | None = None
-        self._last_logs: Any = None  # the log values of the current metric sums, on device
-        self._next_table: Any = None  # fit's next epoch's first inputs (`feed.Tables`)
-        self._compiled_fns: dict[Any, Callable] = {}
-        self._step_hooks: list[Callable[[int, Any], None]] = []
-        # Where fit is, for the checkpoint callbacks: the epoch, the steps already done in it
-        # before a resume, the data position at the last epoch end, a position to resume.
-        self._fit_epoch = 0
-        self._fit_steps_done = 0
-        self._last_data_state: Any = None
-        self._fit_resume: dict | None = None
+
+    @property
+    def stop_training(self) -> bool:
+        """Set by a callback to stop `fit` after the current step, as in Keras."""
+        return self.engine.stop_training
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        self.engine.stop_training = value
+
+    @property
+    def train_step_count(self) -> int:
+        """Batches trained on by `fit`, over all calls."""
+        return self.engine.train_step_count
+
+    @train_step_count.setter
+    def train_step_count(self, value: int) -> None:
+        self.engine.train_step_count = value
 
     # ---- compile --------------------------------------------------------------------------
     def compile(
@@ -143,13 +147,14 @@ class Model:
         self.compiled = True
 
     def _build_state(self) -> None:
-        if self._state is not None:  # compiled again: keep the trained values, as Keras does
-            self.adapter.assign(self._state["params"], self._state["rest"])
+        engine = self.engine
+        if engine.built:  # compiled again: keep the trained values, as Keras does
+            self.adapter.assign(engine.state["params"], engine.state["rest"])
         self.adapter.set_policy(self.policy)
         params, rest = self.adapter.variables()
         params = self.policy.cast_to_param(params)
         metrics_graphdef, metrics_state = nnx.split([self.loss_tracker, *self.metrics])
-        self.steps = Steps(
+        steps = Steps(
             adapter=self.adapter,
             metrics_graphdef=metrics_graphdef,
             loss=self.loss,
@@ -161,49 +166,8 @@ class Model:
             "opt": self.optimizer.init(params),
             "metrics": metrics_state,
         }
-        self._state = self.strategy.place_train_state(state)
-        self._compiled_fns.clear()
-
-    # ---- state access ---------------------------------------------------------------------
-    @property
-    def _state(self) -> dict | None:
-        """The training state `{params, rest, opt, metrics}` (see `step.py`), on the devices.
-
-        The loop's compiled calls take and return the state's leaves (`_state_leaves`): a
-        flat list crosses jit's C++ dispatch without a Python callback per variable, which
-        the NNX `State` tree needs (~14 per step for a small MLP, issue 9), and its small
-        leaves travel packed into one vector per bit width (`packing`). The tree is rebuilt
-        from the leaves only when something reads it.
-        """
-        if self._tree is None and self._leaves is not None:
-            packing = self._packing
-            self._tree = jax.tree.unflatten(packing.treedef, packing.leaves(self._leaves))
-        return self._tree
-
-    @_state.setter
-    def _state(self, value: dict | None) -> None:
-        self._tree = value
-        self._leaves = None
-        self._last_logs = None  # logs belong to the metric sums they were computed from
-
-    def _state_leaves(self) -> tuple[list, Packing]:
-        """`(packed leaves, packing)` of the training state, as the compiled calls take it."""
-        if self._leaves is None:
-            leaves, treedef = jax.tree.flatten(self._tree)
-            metrics = treedef.children()[0].num_leaves  # "metrics" sorts first
-            # Small arrays join the packed vectors unless the strategy lays the state out.
-            replicated = self.strategy.state_sharding == "replicated"
-            packing = Packing.of(treedef, leaves, metrics, arrays=replicated)
-            if packing != self._packing:  # else keep the one the compiled calls know
-                self._packing = packing
-            self._leaves = self._packing.pack(leaves)
-        return self._leaves, self._packing
-
-    def _set_state_leaves(self, leaves: list, last_logs: Any = None) -> None:
-        """The state (packed leaves) after a compiled call, with the logs of its metric sums."""
-        self._leaves = leaves
-        self._tree = None
-        self._last_logs = last_logs
+        log_names = [m.name for m in (self.loss_tracker, *self.metrics)]
+        engine.build(steps, log_names, self.steps_per_execution, self.policy, state)
 
     def _check_compiled(self, what: str) -> None:
         if not self.compiled:
@@ -215,8 +179,9 @@ class Model:
     @property
     def module(self) -> Any:
         """The wrapped NNX module (or Keras model), holding the latest trained values."""
-        if self._state is not None:
-            self.adapter.assign(self._state["params"], self._state["rest"])
+        state = self.engine.state
+        if state is not None:
+            self.adapter.assign(state["params"], state["rest"])
         return self.adapter.model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -225,32 +190,29 @@ class Model:
     def get_weights(self) -> list[np.ndarray]:
         """Every model variable as a host NumPy array (a snapshot, as Keras returns), in the
         framework's own order."""
-        if self._state is None:
+        state = self.engine.state
+        if state is None:
             return self.adapter.get_weights(*self.adapter.variables())
-        return self.adapter.get_weights(self._state["params"], self._state["rest"])
+        return self.adapter.get_weights(state["params"], state["rest"])
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Restores variables from `get_weights()`'s list (same order and shapes)."""
         self.module  # noqa: B018 -- the user's object first holds the current values
         params, rest = self.adapter.set_weights(weights)
-        if self._state is not None:
-            params = self.policy.cast_to_param(params)
-            self._state = {
-                **self._state,
-                **self.strategy.place_train_state({"params": params, "rest": rest}),
-            }
+        if self.engine.built:
+            self.engine.update_state(params=self.policy.cast_to_param(params), rest=rest)
 
     @property
     def learning_rate(self) -> float:
         """The optimizer's current learning rate (settable between steps)."""
         self._check_compiled("learning_rate")
-        return optimizers_lib.learning_rate(self._state["opt"])
+        return optimizers_lib.learning_rate(self.engine.state["opt"])
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
         self._check_compiled("learning_rate")
-        opt = optimizers_lib.set_learning_rate(self._state["opt"], value)
-        self._state = {**self._state, **self.strategy.place_train_state({"opt": opt})}
+        opt = optimizers_lib.set_learning_rate(self.engine.state["opt"], value)
+        self.engine.update_state(opt=opt)
 
     def load_checkpoint(self, directory: str | Any, step: int | None = None) -> dict[str, Any]:
         """Restores the training state saved by `ModelCheckpoint` (or `BackupAndRestore`).
@@ -275,37 +237,38 @@ class Model:
         self._check_compiled("load_checkpoint")
         checkpointer = TrainCheckpointer(directory)
         try:
-            return checkpointer.restore(self, step)
+            return checkpointer.restore(self.engine, step)
         finally:
             checkpointer.close()
 
     # ---- the loops ------------------------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
-        """Trains; see `phalanx._src.train.loops.loop.fit` for every argument (Keras's names)."""
-        from phalanx._src.train.loops import loop
+        """Trains; see `phalanx._src.train.loops.fit.fit` for every argument (Keras's names)."""
+        from phalanx._src.train.loops.fit import fit
 
         self._check_compiled("fit")
         with peer_failures():
-            history = loop.fit(self, x, y, **kwargs)
+            history = fit(self, x, y, **kwargs)
         # The user's own object (a Keras model's get_weights/save/evaluate) sees the result.
-        self.adapter.assign(self._state["params"], self._state["rest"])
+        state = self.engine.state
+        self.adapter.assign(state["params"], state["rest"])
         return history
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> dict[str, float]:
-        """Loss and metrics over a dataset, each example counted once; see `loop.evaluate`."""
-        from phalanx._src.train.loops import loop
+        """Loss and metrics over a dataset, each example counted once; see `loops.evaluate`."""
+        from phalanx._src.train.loops.evaluate import evaluate
 
         self._check_compiled("evaluate")
         with peer_failures():
-            return loop.evaluate(self, x, y, **kwargs)
+            return evaluate(self, x, y, **kwargs)
 
     def predict(self, x: Any, **kwargs: Any) -> Any:
-        """Predictions for every example, in order, as NumPy; see `loop.predict`."""
-        from phalanx._src.train.loops import loop
+        """Predictions for every example, in order, as NumPy; see `loops.predict`."""
+        from phalanx._src.train.loops.predict import predict
 
         self._check_compiled("predict")
         with peer_failures():
-            return loop.predict(self, x, **kwargs)
+            return predict(self, x, **kwargs)
 
     def summary(
         self,
@@ -327,21 +290,5 @@ class Model:
         """
         from phalanx._src.train import summary
 
+        self._check_compiled("summary")
         summary.print_summary(self, print_fn, x=x, input_shape=input_shape, **kwargs)
-
-    # ---- hooks for the loop and the checkpoint callbacks ----------------------------------
-    def _execution_k(self, steps_hint: int | None = None) -> int:
-        """Steps per compiled call, for a phase of about `steps_hint` steps when known."""
-        k = self.steps_per_execution
-        if k == "auto":
-            # One call per ~50 steps amortises dispatch (1.4-1.8x for a small MLP, measured);
-            # fewer when the phase is shorter, so no call is mostly filler steps. On XLA:CPU
-            # a convnet falls back to single-step calls (see execution.py).
-            return max(1, min(50, steps_hint or 50))
-        return k
-
-    def _on_train_steps(self, steps: int, feed: Any) -> None:
-        """Called after each execution with the epoch's step count; checkpoint callbacks
-        that save every N steps hook in here (see `ModelCheckpoint`)."""
-        for hook in self._step_hooks:
-            hook(steps, feed)

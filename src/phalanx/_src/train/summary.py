@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-if TYPE_CHECKING:
-    from phalanx._src.train.model import Model
+from phalanx._src.train.engine import checks
 
-INPUT_KEY = "boundary_input"  # model._compiled_fns[INPUT_KEY]: the last input spec seen
 _MARKUP = re.compile(r"\[/?[a-z ]+\]")  # rich's markup in nnx.tabulate's reprs
 
 
@@ -50,7 +48,7 @@ def _is_shape(s: Any) -> bool:
     return isinstance(s, tuple | list) and all(isinstance(d, int) for d in s)
 
 
-def _input_spec(model: Model, x: Any, input_shape: Any, dtype: Any) -> Any:
+def _input_spec(model: Any, x: Any, input_shape: Any, dtype: Any) -> Any:
     if x is not None:
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), x)
     if input_shape is not None:
@@ -59,7 +57,7 @@ def _input_spec(model: Model, x: Any, input_shape: Any, dtype: Any) -> Any:
             input_shape,
             is_leaf=_is_shape,
         )
-    return model._compiled_fns.get(INPUT_KEY)
+    return model.engine.input_spec
 
 
 def _layer_rows(module: Any, spec: Any, depth: int | None) -> list[tuple[str, str, str]]:
@@ -107,7 +105,7 @@ def _params_by_path(module: Any) -> dict[tuple, tuple[str, int, int]]:
     return dict(sorted(found.items(), key=lambda item: (len(item[0]) > 0, item[0])))
 
 
-def _memory(model: Model) -> tuple[str, dict[str, int]]:
+def _memory(model: Any) -> tuple[str, dict[str, int]]:
     """(layout, per-device bytes {'params', 'optimizer', 'total'})."""
     try:
         from phalanx._src.strategy.sharding import memory_report
@@ -116,7 +114,7 @@ def _memory(model: Model) -> tuple[str, dict[str, int]]:
     if memory_report is not None:
         report = memory_report(model)
         return str(report["state_sharding"]), report["sharded"]
-    state = model._state
+    state = model.engine.state
     device = model.strategy.devices[0]
 
     def on_device(tree: Any) -> int:
@@ -132,7 +130,7 @@ def _memory(model: Model) -> tuple[str, dict[str, int]]:
 
 
 def summary_text(
-    model: Model,
+    model: Any,
     x: Any = None,
     *,
     input_shape: Any = None,
@@ -153,14 +151,10 @@ def summary_text(
       The summary as text.
 
     Raises:
-      RuntimeError: before `model.compile()`.
       ValueError: an input shape the model cannot take (see `checks.output_spec`).
     """
     from flax import nnx
 
-    from phalanx._src.train.engine import checks
-
-    model._check_compiled("summary")
     module = model.module
     name = type(module).__name__
     strategy = model.strategy
@@ -168,7 +162,7 @@ def summary_text(
     spec = _input_spec(model, x, input_shape, dtype)
     rows: list[tuple[str, str, str, str, str]] = []
     if spec is not None:
-        checks.output_spec(model, spec)  # a clear error for shapes the model cannot take
+        checks.output_spec(model.engine, spec)  # a clear error for shapes the model cannot take
     if isinstance(module, nnx.Module):
         sizes = _params_by_path(module)
         if spec is not None:
@@ -195,9 +189,9 @@ def summary_text(
             "Output shapes unknown: pass x= (a sample batch) or input_shape=, or call after "
             "fit / evaluate has seen a batch."
         )
-    params, params_bytes = _size(model._state["params"])
-    rest, rest_bytes = _size(model._state["rest"])
-    opt, opt_bytes = _size(model._state["opt"])
+    params, params_bytes = _size(model.engine.state["params"])
+    rest, rest_bytes = _size(model.engine.state["rest"])
+    opt, opt_bytes = _size(model.engine.state["opt"])
     layout, per_device = _memory(model)
     lines += [
         f"Total params: {params + rest:,} ({_human(params_bytes + rest_bytes)})",
@@ -228,6 +222,6 @@ def _keras_row(layer: Any) -> tuple[str, str, str, str, str]:
     )
 
 
-def print_summary(model: Model, print_fn: Callable[[str], Any] | None = None, **kwargs) -> None:
+def print_summary(model: Any, print_fn: Callable[[str], Any] | None = None, **kwargs) -> None:
     """Prints `summary_text(model, **kwargs)` with `print_fn` (default `print`)."""
     (print_fn or print)(summary_text(model, **kwargs))

@@ -138,11 +138,13 @@ class _Probe:
         self.limit = limit
         self.method = "memory_analysis"
         self.trials: list[tuple[int, int | None, bool]] = []
-        self._step = jax.jit(lambda state, batch, mask: model.steps.train(state, batch, mask))
+        self._step = jax.jit(
+            lambda state, batch, mask: model.engine.steps.train(state, batch, mask)
+        )
 
     def bytes_needed(self, per_replica: int) -> int | None:
         batch, mask = _batch(self.model, self.specs, per_replica)
-        compiled = self._step.lower(self.model._state, batch, mask).compile()
+        compiled = self._step.lower(self.model.engine.state, batch, mask).compile()
         stats = compiled.memory_analysis()
         if stats is None:
             return None
@@ -158,7 +160,7 @@ class _Probe:
         zeros = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype, device=s.sharding), batch)
         ones = jax.numpy.ones(mask.shape, mask.dtype, device=mask.sharding)
         try:
-            jax.block_until_ready(self._step(self.model._state, zeros, ones))
+            jax.block_until_ready(self._step(self.model.engine.state, zeros, ones))
         except Exception as error:
             if _is_oom(error):
                 return False

@@ -62,18 +62,17 @@ class BackupAndRestore(Callback):
         self._saves = self._checkpointer.latest_step() or 0
         self._last_saved_steps = 0
         if isinstance(self.save_freq, int):
-            self.model._step_hooks.append(self._on_steps)
+            self.model.engine.add_step_hook(self._on_steps)
         if self._checkpointer.latest_step() is None:
             return
-        record = self._checkpointer.restore(self.model)
-        done = bool(record["epoch_done"])
+        record = self._checkpointer.restore(self.model.engine)
         self.model.train_step_count = int(record["train_step_count"])
-        self.model._fit_epoch = int(record["epoch"]) + (1 if done else 0)
-        self.model._fit_resume = {
-            "data": record.get("data"),
-            "epoch_done": done,
-            "steps_done": 0 if done else int(record["steps"]),
-        }
+        self.model.engine.position.resume_at(
+            int(record["epoch"]),
+            int(record["steps"]),
+            bool(record["epoch_done"]),
+            record.get("data"),
+        )
 
     def _save(self, epoch: int, steps: int, done: bool, data_state: Any) -> None:
         self._saves += 1
@@ -84,30 +83,31 @@ class BackupAndRestore(Callback):
             "data": data_state,
             "train_step_count": self.model.train_step_count,
         }
-        self._checkpointer.save(self._saves, self.model, record)
+        self._checkpointer.save(self._saves, self.model.engine, record)
 
     def _on_steps(self, steps: int, feed: Any) -> None:
         if steps - self._last_saved_steps >= self.save_freq:
             self._last_saved_steps = steps
             state = feed.get_state() if feed.checkpointable else None
-            self._save(self.model._fit_epoch, self.model._fit_steps_done + steps, False, state)
+            position = self.model.engine.position
+            self._save(position.epoch, position.steps_done + steps, False, state)
 
     def save_now(self, steps: int, feed: Any) -> None:
         """Backs up at this step boundary, `steps` into the epoch, waits until it is on disk
         and releases the writer's threads (preemption: the process exits right after, and a
         thread still inside Orbax when Python shuts down aborts the process)."""
         state = feed.get_state() if feed.checkpointable else None
-        self._save(self.model._fit_epoch, self.model._fit_steps_done + steps, False, state)
+        position = self.model.engine.position
+        self._save(position.epoch, position.steps_done + steps, False, state)
         checkpointer, self._checkpointer = self._checkpointer, None
         checkpointer.close()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         self._last_saved_steps = 0
-        self._save(epoch, 0, True, self.model._last_data_state)
+        self._save(epoch, 0, True, self.model.engine.position.data_state)
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
-        if isinstance(self.save_freq, int) and self._on_steps in self.model._step_hooks:
-            self.model._step_hooks.remove(self._on_steps)
+        self.model.engine.remove_step_hook(self._on_steps)
         checkpointer, self._checkpointer = self._checkpointer, None
         if checkpointer is None:
             return

@@ -22,7 +22,7 @@ after that agreement; `save` and `restore` are then collective. The writer threa
 shared, so the saves of every checkpointer reach Orbax's cross-process barriers in the same
 order on every process.
 
-`restore` reads either format into the shardings of the model's current state, whatever
+`restore` reads either format into the shardings of the engine's current state, whatever
 they were at save time, so a checkpoint written on one device count (or process count)
 restores on another.
 """
@@ -41,7 +41,7 @@ from phalanx._src.train.checkpoint.files import Files, to_devices, to_host
 from phalanx._src.train.checkpoint.layout import Layout
 
 if TYPE_CHECKING:
-    from phalanx._src.train.model import Model
+    from phalanx._src.train.engine.engine import Engine
 
 
 class _Writer:
@@ -121,8 +121,8 @@ class TrainCheckpointer:
 
     Example:
       >>> ckpt = TrainCheckpointer("runs/ckpt", max_to_keep=2)
-      >>> ckpt.save(10, model, {"epoch": 3})
-      >>> record = ckpt.restore(model)           # the newest; returns {"epoch": 3}
+      >>> ckpt.save(10, model.engine, {"epoch": 3})
+      >>> record = ckpt.restore(model.engine)          # the newest; returns {"epoch": 3}
     """
 
     def __init__(
@@ -166,8 +166,8 @@ class TrainCheckpointer:
         steps = self._files.steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, model: Model, record: dict[str, Any], wait: bool = False) -> None:
-        """Writes `model`'s train state and `record` (JSON-serialisable) as checkpoint `step`.
+    def save(self, step: int, engine: Engine, record: dict[str, Any], wait: bool = False) -> None:
+        """Writes `engine`'s train state and `record` (JSON-serialisable) as checkpoint `step`.
 
         Returns once a copy of the state is queued on the devices; the files are written in
         the background unless `wait` (or the checkpointer is synchronous).
@@ -176,10 +176,10 @@ class TrainCheckpointer:
           Exception: the previous background save's error, if it failed.
         """
         self.wait_until_finished()  # at most one save in progress (one extra state copy)
-        leaves, treedef = jax.tree.flatten(model._state)
+        leaves, treedef = jax.tree.flatten(engine.state)
         key = (treedef, tuple((a.shape, a.dtype, a.sharding) for a in leaves))
         if self._layout is None or self._layout[0] != key:
-            layout = Layout.of(model._state)
+            layout = Layout.of(engine.state)
             self._layout = (key, layout, layout.describe())
         _, layout, description = self._layout
         # New buffers, queued on the devices: the next step donates (overwrites) the state's.
@@ -225,8 +225,8 @@ class TrainCheckpointer:
         if self._manager is not None:
             self._manager.wait_until_finished()
 
-    def restore(self, model: Model, step: int | None = None) -> dict[str, Any]:
-        """Loads checkpoint `step` (default: the newest) into `model`; returns its record.
+    def restore(self, engine: Engine, step: int | None = None) -> dict[str, Any]:
+        """Loads checkpoint `step` (default: the newest) into `engine`; returns its record.
 
         Raises:
           FileNotFoundError: when there is no checkpoint.
@@ -237,7 +237,7 @@ class TrainCheckpointer:
         if self._files.is_ours(step):
             host, meta = self._files.read(step)
             layout = Layout.from_description(meta["layout"])
-            arrays = to_devices(host, meta["keys"], layout.abstract(model._state))
+            arrays = to_devices(host, meta["keys"], layout.abstract(engine.state))
         else:
             import orbax.checkpoint as ocp
 
@@ -245,9 +245,9 @@ class TrainCheckpointer:
             meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
             meta = meta["meta"]
             layout = Layout.from_description(meta["layout"])
-            target = ocp.args.StandardRestore(layout.abstract(model._state))
+            target = ocp.args.StandardRestore(layout.abstract(engine.state))
             arrays = manager.restore(step, args=ocp.args.Composite(state=target))["state"]
-        model._state = layout.unpack(arrays, model._state)
+        engine.state = layout.unpack(arrays, engine.state)
         return dict(meta["record"])
 
     def delete_all(self) -> None:

@@ -65,13 +65,13 @@ class ModelCheckpoint(Callback):
         self._checkpointer = TrainCheckpointer(self.directory, max_to_keep=self.max_to_keep)
         self._last_saved = self.model.train_step_count
         if isinstance(self.save_freq, int):
-            self.model._step_hooks.append(self._on_steps)
+            self.model.engine.add_step_hook(self._on_steps)
 
     def _on_steps(self, steps: int, feed: Any) -> None:
         count = self.model.train_step_count
         if count - self._last_saved >= self.save_freq:
             self._last_saved = count
-            self._save(count, self.model._fit_epoch, {})
+            self._save(count, self.model.engine.position.epoch, {})
 
     def _improved(self, logs: dict[str, float]) -> bool:
         value = logs.get(self.monitor)
@@ -91,15 +91,14 @@ class ModelCheckpoint(Callback):
         if self.save_best_only and not self._improved(logs):
             return
         record = {"epoch": epoch, "logs": {k: float(v) for k, v in logs.items()}}
-        self._checkpointer.save(number, self.model, record)
+        self._checkpointer.save(number, self.model.engine, record)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         if self.save_freq == "epoch":
             self._save(epoch + 1, epoch, dict(logs or {}))
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
-        if self._on_steps in self.model._step_hooks:
-            self.model._step_hooks.remove(self._on_steps)
+        self.model.engine.remove_step_hook(self._on_steps)
         if self._checkpointer is not None:
             self._checkpointer.close()
             self._checkpointer = None

@@ -38,7 +38,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from phalanx._src.strategy.strategy import Strategy
-    from phalanx._src.train.model import Model
+    from phalanx._src.train.engine.engine import Engine
 
 PREEMPTED_STATUS = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERM death
 
@@ -115,12 +115,12 @@ class PreemptionWatch:
     """Installed by `fit` for its duration; checks once per compiled training call.
 
     Args:
-      model: the model being fitted (its `_step_hooks` gain the check).
+      engine: the engine of the model being fitted (its step hooks gain the check).
       callbacks: the fit's callbacks, searched for a `BackupAndRestore`.
     """
 
-    def __init__(self, model: Model, callbacks: Any) -> None:
-        self.model = model
+    def __init__(self, engine: Engine, callbacks: Any) -> None:
+        self.engine = engine
         self.callbacks = callbacks
         self.requested = False
         self._sync = None
@@ -130,19 +130,18 @@ class PreemptionWatch:
 
     def start(self) -> PreemptionWatch:
         self._sync = _sync_manager()
-        strategy = self.model.strategy
+        strategy = self.engine.strategy
         if len({d.process_index for d in strategy.devices}) > 1:
             self._vote = StopVote(strategy)
         if threading.current_thread() is threading.main_thread():
             # In a distributed job this replaces JAX's notifier handler for the fit's span.
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed = True
-        self.model._step_hooks.append(self.check)
+        self.engine.add_step_hook(self.check)
         return self
 
     def stop(self) -> None:
-        if self.check in self.model._step_hooks:
-            self.model._step_hooks.remove(self.check)
+        self.engine.remove_step_hook(self.check)
         if self._installed and not self.requested:
             # A handler installed outside Python (JAX's notifier) cannot be put back: the
             # process then ends on SIGTERM, as any process does by default.
@@ -169,7 +168,7 @@ class PreemptionWatch:
         if backup is not None:
             backup.save_now(steps, feed)
             saved_to = backup.backup_dir
-        step = self.model.train_step_count
+        step = self.engine.train_step_count
         where = f"backed up to {saved_to}" if saved_to else "nothing saved (no BackupAndRestore)"
         sys.stdout.flush()
         print(

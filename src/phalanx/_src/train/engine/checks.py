@@ -9,7 +9,7 @@ Three mistakes otherwise surface deep inside XLA, or not at all:
 - non-integer float labels for a sparse cross-entropy (silently truncated).
 
 How: the model's forward pass is traced abstractly (`jax.eval_shape`, no compile, no device
-work) once per input signature (shapes without the batch, dtypes), cached on the model; a
+work) once per input signature (shapes without the batch, dtypes), cached by the engine; a
 failure there is translated into a `ValueError` naming the shapes received and what the
 model takes. The output shapes give the number of classes, against which the labels are
 checked on the host with vectorised NumPy:
@@ -33,15 +33,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from phalanx._src.train import summary
 from phalanx._src.train.api import losses as losses_lib
 from phalanx._src.train.engine.step import unpack
 
 if TYPE_CHECKING:
-    from phalanx._src.train.model import Model
+    from phalanx._src.train.engine.engine import Engine
 
 _SHAPE_WORDS = re.compile(r"shape|dimension|rank|size", re.IGNORECASE)
-_KEY = "boundary_check"  # model._compiled_fns[(_KEY, signature)] -> output spec
+_KEY = "boundary_check"  # engine.cache[(_KEY, signature)] -> output spec
 
 
 def _signature(x: Any) -> tuple:
@@ -79,11 +78,11 @@ def _abstract(tree: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
 
 
-def output_spec(model: Model, x: Any) -> Any:
+def output_spec(engine: Engine, x: Any) -> Any:
     """The model's output shapes and dtypes for inputs like `x` (cached per signature).
 
     Args:
-      model: a compiled `phalanx.Model`.
+      engine: a compiled model's `Engine`.
       x: a batch of inputs (arrays or `jax.ShapeDtypeStruct`s), batch first.
 
     Returns:
@@ -94,17 +93,17 @@ def output_spec(model: Model, x: Any) -> Any:
         received and what the model takes.
     """
     key = (_KEY, _signature(x))
-    cached = model._compiled_fns.get(key)
+    cached = engine.cache.get(key)
     if cached is not None:
         return cached
     rows = jax.tree.leaves(x)[0].shape[0]
-    adapter = model.adapter  # the model as pure functions of (params, rest)
+    adapter = engine.adapter  # the model as pure functions of (params, rest)
 
     def forward(params: Any, rest: Any, inputs: Any) -> Any:
         mask = jnp.ones((rows,), jnp.float32)
         return adapter.apply(params, rest, inputs, training=False, mask=mask)[0]
 
-    state = model._state
+    state = engine.state
     try:
         spec = jax.eval_shape(
             forward, _abstract(state["params"]), _abstract(state["rest"]), _abstract(x)
@@ -112,18 +111,18 @@ def output_spec(model: Model, x: Any) -> Any:
     except (TypeError, ValueError, IndexError) as err:
         if not _SHAPE_WORDS.search(str(err)):
             raise  # not about shapes: the model's own error, unchanged
-        raise _shape_error(model, x, err) from err
-    model._compiled_fns[key] = spec
-    model._compiled_fns[summary.INPUT_KEY] = _abstract(x)  # for model.summary()
+        raise _shape_error(engine, x, err) from err
+    engine.cache[key] = spec
+    engine.input_spec = _abstract(x)  # for model.summary()
     return spec
 
 
-def _shape_error(model: Model, x: Any, err: Exception) -> Exception:
+def _shape_error(engine: Engine, x: Any, err: Exception) -> Exception:
     reason = (
         str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
     )
-    known = [k[1] for k in model._compiled_fns if isinstance(k, tuple) and k and k[0] == _KEY]
-    takes = _first_layers(getattr(model.adapter, "model", None))
+    known = [k[1] for k in engine.cache if isinstance(k, tuple) and k and k[0] == _KEY]
+    takes = _first_layers(getattr(engine.adapter, "model", None))
     parts = [f"the model cannot take inputs of shape {_describe(x)} (batch first): {reason}."]
     if takes:
         parts.append(f"The model: {takes}.")
@@ -200,7 +199,7 @@ def _check_sparse(labels: np.ndarray, classes: int, where: str) -> None:
         )
 
 
-def check_batch(model: Model, batch: Any) -> None:
+def check_batch(engine: Engine, batch: Any) -> None:
     """Checks one host batch (or all the arrays) at the model's boundary; see the module doc.
 
     Raises:
@@ -209,12 +208,12 @@ def check_batch(model: Model, batch: Any) -> None:
     x, y, _ = unpack(batch)
     if x is None or not jax.tree.leaves(x):
         return
-    spec = output_spec(model, x)
+    spec = output_spec(engine, x)
     if y is not None:
-        check_labels(model.loss, y, spec)
+        check_labels(engine.steps.loss, y, spec)
 
 
-def check_data(model: Model, data: Any) -> bool:
+def check_data(engine: Engine, data: Any) -> bool:
     """All the arrays of an in-memory dataset, once, before the first step.
 
     Returns:
@@ -235,10 +234,10 @@ def check_data(model: Model, data: Any) -> bool:
         return True
     # The forward is traced with one batch's shape; the labels are checked all at once.
     spec = output_spec(
-        model, jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *np.shape(a)[1:]), a.dtype), x)
+        engine, jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *np.shape(a)[1:]), a.dtype), x)
     )
     if y is not None:
-        check_labels(model.loss, y, spec)
+        check_labels(engine.steps.loss, y, spec)
     return True
 
 
@@ -251,8 +250,8 @@ class _Watched:
 
     boundary_checked = True  # seen through other wrappers' __getattr__ (see `watch`)
 
-    def __init__(self, model: Model, iterator: Iterator[Any]) -> None:
-        self._model = model
+    def __init__(self, engine: Engine, iterator: Iterator[Any]) -> None:
+        self._engine = engine
         self._iterator = iterator
 
     def __iter__(self) -> _Watched:
@@ -261,7 +260,7 @@ class _Watched:
     def __next__(self) -> Any:
         batch = next(self._iterator)
         if _host(batch):
-            check_batch(self._model, batch)
+            check_batch(self._engine, batch)
         return batch
 
     def __getattr__(self, name: str) -> Any:  # get_state, set_state, close, checkpointable
@@ -270,9 +269,9 @@ class _Watched:
         return getattr(self._iterator, name)
 
 
-def watch(model: Model, iterator: Iterator[Any], source: Any, checked: bool) -> Iterator[Any]:
+def watch(engine: Engine, iterator: Iterator[Any], source: Any, checked: bool) -> Iterator[Any]:
     """`iterator`, checking each host batch, unless its data was checked whole (`checked`)
     or it yields row numbers into on-device arrays (`source`)."""
     if checked or source is not None or getattr(iterator, "boundary_checked", False):
         return iterator
-    return _Watched(model, iterator)
+    return _Watched(engine, iterator)

@@ -23,7 +23,7 @@ import jax
 from phalanx._src.data.iterator import take
 
 if TYPE_CHECKING:
-    from phalanx._src.train.model import Model
+    from phalanx._src.train.engine.engine import Engine
 
 TFLOPS_KEY = "model_tflops_per_second"
 MFU_KEY = "mfu"
@@ -82,11 +82,11 @@ def peak_tflops(device_kind: str, dtype: Any = "float32") -> float | None:
     return None
 
 
-def step_flops(model: Model, host_batch: Any, source: Any = None) -> float | None:
-    """FLOPs of one training step on `host_batch`'s global batch (cached on the model).
+def step_flops(engine: Engine, host_batch: Any, source: Any = None) -> float | None:
+    """FLOPs of one training step on `host_batch`'s global batch (cached on the engine).
 
     Args:
-      model: a compiled `phalanx.Model`.
+      engine: a compiled model's `Engine`.
       host_batch: one process-local host batch as the loop receives it (row numbers when
         `source` is given).
       source: the on-device arrays that row-number batches index into, or None.
@@ -94,13 +94,13 @@ def step_flops(model: Model, host_batch: Any, source: Any = None) -> float | Non
     Returns:
       The step's FLOPs over all replicas, or None when XLA gives no estimate.
     """
-    cached = model._compiled_fns.get(_CACHE_KEY)
+    cached = engine.cache.get(_CACHE_KEY)
     if cached is not None:
         return cached or None
     from phalanx._src.strategy.distribute import BatchDistributor
 
-    batch, mask = BatchDistributor(model.strategy, pad_at_end=True).arrays(host_batch)
-    train = model.steps.train
+    batch, mask = BatchDistributor(engine.strategy, pad_at_end=True).arrays(host_batch)
+    train = engine.steps.train
 
     def step(state: Any, batch: Any, mask: Any) -> Any:
         if source is not None:
@@ -108,13 +108,13 @@ def step_flops(model: Model, host_batch: Any, source: Any = None) -> float | Non
         return train(state, batch, mask)
 
     try:
-        cost = jax.jit(step).lower(model._state, batch, mask).cost_analysis()
+        cost = jax.jit(step).lower(engine.state, batch, mask).cost_analysis()
     except Exception:  # an estimate must never break training; some backends have none
         cost = None
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
     flops = float(cost.get("flops", 0.0)) if cost else 0.0
-    model._compiled_fns[_CACHE_KEY] = flops  # 0.0 remembers "no estimate"
+    engine.cache[_CACHE_KEY] = flops  # 0.0 remembers "no estimate"
     return flops or None
 
 
@@ -144,30 +144,30 @@ class FirstBatch:
         return getattr(self._iterator, name)
 
 
-def watch(model: Model, iterator: Iterator[Any]) -> Iterator[Any]:
+def watch(engine: Engine, iterator: Iterator[Any]) -> Iterator[Any]:
     """`iterator`, wrapped to keep its first batch while the model's FLOPs are unknown."""
-    if _CACHE_KEY in model._compiled_fns or isinstance(iterator, FirstBatch):
+    if _CACHE_KEY in engine.cache or isinstance(iterator, FirstBatch):
         return iterator
     return FirstBatch(iterator)
 
 
 def epoch_logs(
-    model: Model, iterator: Iterator[Any], steps: int, seconds: float, source: Any = None
+    engine: Engine, iterator: Iterator[Any], steps: int, seconds: float, source: Any = None
 ) -> dict[str, float]:
     """`{model_tflops_per_second, mfu}` for an epoch of `steps` steps in `seconds`.
 
     `mfu` is present only where the devices' peak is known (see `PEAK_TFLOPS`); nothing is
     returned when the FLOPs cannot be estimated or no step ran.
     """
-    flops = model._compiled_fns.get(_CACHE_KEY)
+    flops = engine.cache.get(_CACHE_KEY)
     if flops is None and isinstance(iterator, FirstBatch) and iterator.first is not None:
-        flops = step_flops(model, iterator.first, source)
+        flops = step_flops(engine, iterator.first, source)
     if not flops or steps <= 0 or seconds <= 0:
         return {}
     rate = flops * steps / seconds / 1e12
     logs = {TFLOPS_KEY: rate}
-    devices = model.strategy.devices
-    policy = getattr(model, "policy", None)
+    devices = engine.strategy.devices
+    policy = engine.policy
     peak = peak_tflops(devices[0].device_kind, getattr(policy, "compute_dtype", "float32"))
     if peak:
         logs[MFU_KEY] = rate / (peak * len(devices))

@@ -163,3 +163,10 @@ def scanned(step: Callable[[dict, Any, jax.Array], dict], unroll: bool) -> Calla
         return state
 
     return many
+
+
+def log_values(graphdef: Any, metrics: Any) -> list[jax.Array]:
+    """`[loss, *metrics]` results (inside jit). Every compiled call returns them with the
+    state, so reading logs costs one device-to-host copy and no second call; the first one
+    is also the tick that bounds the calls in flight (it is ready when the call is done)."""
+    return [m.result() for m in nnx.merge(graphdef, metrics)]

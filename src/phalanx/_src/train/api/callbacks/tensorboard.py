@@ -115,7 +115,7 @@ class TensorBoard(Callback):
         self._tracing = True
 
     def _stop_trace(self) -> None:
-        state = getattr(self.model, "_state", None)
+        state = getattr(getattr(self.model, "engine", None), "state", None)
         if state is not None:
             jax.block_until_ready(state)  # the traced steps' execution, not just their dispatch
         jax.profiler.stop_trace()
@@ -129,7 +129,7 @@ class TensorBoard(Callback):
 
     def _calls_stride(self) -> int:
         """Batches per compiled call before any was seen: the model's steps_per_execution."""
-        k = getattr(self.model, "_execution_k", None)
+        k = getattr(getattr(self.model, "engine", None), "steps_per_call", None)
         try:
             return max(1, int(k(self.params.get("steps")))) if callable(k) else 1
         except (TypeError, ValueError):

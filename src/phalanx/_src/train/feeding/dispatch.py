@@ -1,0 +1,212 @@
+"""`Runner`: turns groups of host batches into device inputs and dispatches compiled calls.
+
+The feeders (`feeders`) decide when an input is made; the runner decides what it is (see
+`inputs`) and binds it to the phase's compiled call (`engine.execution`), which it runs on
+the state the engine holds.
+
+Example:
+  >>> runner = Runner(engine, "train", k=1, distributor=BatchDistributor(strategy))
+  >>> dispatch = runner.bind(runner.put([host_batch]))
+  >>> tick = dispatch()       # one compiled call; the engine holds the new state
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from phalanx._src.strategy.distribute import BatchDistributor
+from phalanx._src.train.engine import execution
+from phalanx._src.train.feeding.inputs import FromTable, Resident, Table, zero_cursor
+
+if TYPE_CHECKING:
+    from phalanx._src.train.engine.engine import Engine
+    from phalanx._src.train.feeding.device_data import Blocks
+
+
+class Runner:
+    """Turns groups of host batches into device inputs and runs them for one phase.
+
+    Batches of device-resident data are row numbers. They go to the devices as a `Table`,
+    `TABLE_STEPS` steps' worth at once, and each compiled call reads its entry at a cursor
+    that lives on the devices and comes back advanced: per call, nothing crosses from the
+    host (a host-to-device copy per step was half of fit's overhead on an H100, issue 9).
+    """
+
+    TABLE_STEPS = 128
+
+    def __init__(
+        self,
+        engine: Engine,
+        phase: str,
+        k: int,
+        distributor: BatchDistributor,
+        source: Any = None,
+        blocks: Blocks | None = None,
+    ) -> None:
+        self.engine = engine
+        self.phase = phase
+        self.k = k
+        self.distributor = distributor
+        self.source = source  # on-device arrays the batches index into, or None
+        self.blocks = blocks  # the source cut into whole batches in order, for training calls
+        self.mode: str | None = None if k > 1 else execution.LOOP
+        self._table: Table | None = None
+        self._cursor: jax.Array | None = None
+        self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state packing, call)
+
+    def prepare(self, group: list[Any]) -> None:
+        """Chooses the mode (SCAN or LOOP) on the phase's first group, once; its first batch
+        fixes the compiled rows."""
+        self.distributor.fix_rows(group[0])
+        if self.mode is None:
+            self.mode = self.engine.cache.get("mode")
+        if self.mode is None:
+            batch, mask = self.distributor.arrays(group[0])
+            self.mode = execution.choose_mode(self.engine, self.source, batch, mask)
+
+    def put(self, group: list[Any]) -> tuple[str, Any, int]:
+        """Device input for a group of up to K host batches (runs in the consumer thread)."""
+        self.prepare(group)
+        if self._scans(group):
+            batch, mask = self.distributor.stacked(group, self.k)
+            return execution.SCAN, (batch, None if self._full([group]) else mask), len(group)
+        calls = [self.distributor.arrays(b) for b in group]
+        if (
+            self.mode == execution.LOOP
+        ):  # (a short group of a scan keeps its masks: one compilation)
+            full = [self._full([[b]]) for b in group]
+            calls = [(b, None if f else m) for (b, m), f in zip(calls, full, strict=True)]
+        return execution.LOOP, calls, len(group)
+
+    def _full(self, groups: list[list[Any]]) -> bool:
+        """Whether training may drop the mask of these batches' calls (`Steps.train`)."""
+        return self.phase == "train" and all(
+            self.distributor.is_full(b) for group in groups for b in group
+        )
+
+    def _scans(self, group: list[Any]) -> bool:
+        """Whether `group` runs as one scan. A short group (the end of an epoch) would need
+        filler steps; evaluation's add nothing, but an optimizer step always moves (Adam's
+        moments decay), and skipping it costs a conditional that an accelerator resolves on
+        the host, every step (3x slower scans on an H100). So training runs it as single
+        steps."""
+        return self.mode == execution.SCAN and (len(group) == self.k or self.phase != "train")
+
+    def table_groups(self) -> int:
+        """Groups per `Table`: about `TABLE_STEPS` steps."""
+        return max(1, self.TABLE_STEPS // self.k)
+
+    def _table_calls(self) -> int:
+        return self.table_groups() * (1 if self.mode == execution.SCAN else self.k)
+
+    def put_table(self, groups: list[list[Any]]) -> list[tuple[str, FromTable, int]]:
+        """Items for groups of row-number batches, their inputs sent in one `Table`."""
+        self.prepare(groups[0])
+        many = self.mode == execution.SCAN
+        tabled = [group for group in groups if self._scans(group) or not many]
+        if not tabled:  # one short group: single calls
+            return [self.put(groups[0])]
+        # Only a last group can be short, and only a last batch partial: whole blocks before
+        # it still train on their blocks, and it runs on its own.
+        whole = tabled if many or self._full(tabled[-1:]) else tabled[:-1]
+        resident = self._resident(whole, many) if whole else None
+        if resident is not None:
+            return resident + [self.put(group) for group in groups[len(whole) :]]
+        entries = tabled if many else [[batch] for group in tabled for batch in group]
+        batch, mask = self.distributor.table(entries, self.k if many else None, self._table_calls())
+        table = Table(batch, mask, zero_cursor(self.engine))
+        items = [
+            (
+                self.mode,
+                FromTable(table, 1 if many else len(group), self._full([group])),
+                len(group),
+            )
+            for group in tabled
+        ]
+        return items + [self.put(group) for group in groups[len(tabled) :]]
+
+    def fill(self, taken: list[tuple[list[Any], Any]]) -> list[tuple[Any, Any]]:
+        """`ResidentFeeder`'s fill: items for groups of row-number batches (one `Table`),
+        each with the source's state after its group."""
+        groups = [group for group, _ in taken]
+        self.prepare(groups[0])  # the mode (scan or single calls) sets the shape
+        return list(zip(self.put_table(groups), [s for _, s in taken], strict=True))
+
+    def _resident(
+        self, groups: list[list[Any]], many: bool
+    ) -> list[tuple[str, Resident, int]] | None:
+        """Training calls on `Blocks` when every batch is a whole block, else None: one
+        `(K, rows, ...)` block per scanned group, or one block per single call."""
+        if self.blocks is None or not self._full(groups):
+            return None
+        rows = int(np.shape(groups[0][0])[0])
+        batches = [batch for group in groups for batch in group]
+        found = self.blocks.lookup(batches, rows, self.k if many else None)
+        if found is None:
+            return None
+        if many:
+            return [
+                (execution.SCAN, Resident([block]), len(group))
+                for block, group in zip(found, groups, strict=True)
+            ]
+        items, at = [], 0
+        for group in groups:
+            items.append((execution.LOOP, Resident(found[at : at + len(group)]), len(group)))
+            at += len(group)
+        return items
+
+    def bind(self, item: tuple[str, Any, int]) -> Callable[[], jax.Array]:
+        """The item's dispatch, everything but the state worked out now.
+
+        The loop binds the next item while the devices still run the last call, before its
+        hooks wait for that call's logs: once they return, dispatching is one compiled call
+        on the state the engine then holds (a hook may have replaced it). The dispatch runs
+        the item's steps and returns a tick to wait on.
+        """
+        mode, payload, _ = item
+        engine = self.engine
+        source = self.source
+        tabled = isinstance(payload, FromTable)
+        if isinstance(payload, Resident):
+            calls = [(batch, None) for batch in payload.batches]
+            source = None
+        elif tabled:
+            if payload.table is not self._table:
+                self._table, self._cursor = payload.table, payload.table.zero
+            mask = None if payload.full else payload.table.mask
+            calls = [(payload.table.batch, mask)] * payload.calls
+        else:
+            calls = [payload] if mode == execution.SCAN else payload
+        fns = self._fns
+        train = self.phase == "train"
+
+        def dispatch() -> jax.Array:
+            leaves, packing = engine.leaves()
+            cached = fns.get(mode)
+            if cached is None or cached[0] is not packing:
+                many = mode == execution.SCAN
+                cached = fns[mode] = (
+                    packing,
+                    execution.compiled(engine, self.phase, many, packing),
+                )
+            fn = cached[1]
+            cursor = self._cursor if tabled else None
+            n = packing.metric_count
+            metrics, others = leaves[:n], leaves[n:]
+            logs = None
+            for batch, mask in calls:
+                if train:
+                    metrics, others, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
+                else:
+                    metrics, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
+            if tabled:
+                self._cursor = cursor
+            # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
+            engine.set_leaves([*metrics, *others], logs)
+            return logs[0]
+
+        return dispatch

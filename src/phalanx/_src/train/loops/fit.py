@@ -1,0 +1,357 @@
+"""`fit`: Keras's arguments, then the epoch loop over `phase.run_phase`.
+
+Example:
+  >>> history = fit(model, x_train, y_train, batch_size=1024, epochs=5)
+  >>> history.history["loss"]
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from phalanx._src.data.wait import InputWaitMeter
+from phalanx._src.train.api import fit_options
+from phalanx._src.train.api.callbacks.callback_list import CallbackList
+from phalanx._src.train.checkpoint import preemption
+from phalanx._src.train.engine import checks, flop_rate
+from phalanx._src.train.feeding import sources
+from phalanx._src.train.feeding.device_data import Blocks
+from phalanx._src.train.feeding.feeders import Carry
+from phalanx._src.train.loops.evaluate import validation_logs, validation_source
+from phalanx._src.train.loops.phase import InFlight, run_phase
+
+if TYPE_CHECKING:
+    from phalanx._src.train.engine.engine import Engine
+
+
+def fit(
+    model: Any,
+    x: Any = None,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    verbose: int | str = "auto",
+    callbacks: Iterable[Any] | None = None,
+    validation_data: Any = None,
+    shuffle: bool = True,
+    sample_weight: Any = None,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    validation_batch_size: int | None = None,
+    validation_freq: int = 1,
+    validation_split: float = 0.0,
+    class_weight: dict[int, float] | None = None,
+    seed: int | None = None,
+    prefetch: int = 2,
+    device_data: bool | str = "auto",
+) -> Any:
+    """Trains `model` (a compiled `phalanx.Model`) for `epochs` epochs, as `keras.Model.fit`.
+
+    Args:
+      x, y, sample_weight: NumPy arrays (batched by `batch_size`, default 32, and shuffled
+        every epoch when `shuffle`), or in `x` alone a dataset yielding `(x, y)` /
+        `(x, y, sample_weight)` batches: a phalanx Dataset, Grain dataset or loader, tf.data
+        dataset, PyTorch DataLoader, or any iterable of NumPy batches.
+      epochs: the epoch to stop at (with `initial_epoch`, the epochs run are
+        initial_epoch .. epochs-1).
+      verbose: 0 silent, 1 progress bar, 2 one line per epoch; 'auto' = 1.
+      callbacks: `phalanx.callbacks.Callback`s; a History is always added.
+      validation_data: `(x_val, y_val[, sw])` arrays or a dataset, evaluated every
+        `validation_freq` epochs; its logs are prefixed 'val_'.
+      validation_split: for array inputs, the fraction of examples (the last ones, before
+        shuffling, as Keras) held out as validation data when `validation_data` is None.
+      class_weight: for a single-output model on array inputs, `{class index: weight}`;
+        each example's weight (classes not listed: 1.0) is multiplied into
+        `sample_weight`. See `phalanx._src.train.api.fit_options`.
+      steps_per_epoch: batches per epoch; required for an infinite dataset. With a finite
+        one, the data iterator then carries over from epoch to epoch and restarts when it
+        runs out.
+      seed: the shuffle seed for arrays (default: a fresh random seed).
+      prefetch: batches made ahead in a thread and put on the devices ahead of use; 0 makes
+        each batch in the loop's own thread when it is needed. Device-resident data
+        (`device_data`) needs no thread: its row numbers go over ~128 steps at a time.
+      device_data: keep an in-memory phalanx Dataset's arrays on the devices and send only
+        row numbers: 'auto' (when they fit), True, or False.
+
+    Returns:
+      The `History` callback (`history.history` maps each log name to per-epoch values).
+
+    Raises:
+      ValueError: for bad arguments or data, before anything is compiled.
+    """
+    _check_arguments(epochs, prefetch, initial_epoch)
+    engine = model.engine
+    if validation_split:
+        (x, y, sample_weight), held_out = fit_options.validation_split(
+            x, y, sample_weight, validation_split
+        )
+        if validation_data is None:  # as in Keras, validation_data wins
+            validation_data = tuple(v for v in held_out if v is not None)
+    if class_weight is not None:
+        sample_weight = fit_options.class_weights(y, class_weight, sample_weight)
+    host = sources.host_data(x, y, sample_weight, batch_size, shuffle, seed)
+    checked = checks.check_data(engine, host)  # shapes and labels, before anything compiles
+    data, source = sources.on_devices(engine.strategy, host, device_data)
+    steps_known = steps_per_epoch or sources.length(data)
+    if steps_known is None and _is_infinite(data):
+        raise ValueError(
+            "the dataset repeats forever; pass steps_per_epoch=N so fit knows where an epoch ends"
+        )
+    val_data = None
+    if validation_data is not None:
+        val_source = validation_source(validation_data, validation_batch_size or batch_size)
+        checks.check_data(engine, val_source)  # in-memory validation arrays, before epoch 1
+        val_data = sources.on_devices(engine.strategy, val_source, device_data)
+    verbose = 1 if verbose == "auto" else verbose
+    cbs = CallbackList(
+        callbacks,
+        add_history=True,
+        add_progbar=verbose != 0,
+        model=model,
+        epochs=epochs,
+        steps=steps_known,
+        verbose=verbose,
+    )
+    model.history = cbs.history
+    engine.stop_training = False
+    engine.position.start(initial_epoch)
+    validation = (val_data, validation_freq, validation_steps)
+    run = _Epochs(engine, cbs, data, source, steps_per_epoch, steps_known, epochs, prefetch)
+    run.validation = validation
+    cbs.on_train_begin()
+    epoch_logs = run.all(checked)
+    cbs.on_train_end(epoch_logs)
+    return model.history
+
+
+def _check_arguments(epochs: Any, prefetch: Any, initial_epoch: Any) -> None:
+    if not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an int >= 0 (0: no prefetch thread), got {prefetch!r}")
+    if not 0 <= initial_epoch <= max(epochs, 0):
+        raise ValueError(f"initial_epoch {initial_epoch} must be in [0, epochs={epochs}]")
+
+
+class _Epochs:
+    """Fit's epochs over prepared data: the epoch loop, and what it carries between epochs
+    (the data iterator, the next epoch's first inputs, an epoch end still to run)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        cbs: CallbackList,
+        data: Iterable[Any],
+        source: Any,
+        steps_per_epoch: int | None,
+        steps_known: int | None,
+        epochs: int,
+        prefetch: int,
+    ) -> None:
+        self.engine = engine
+        self.cbs = cbs
+        self.data = data
+        self.source = source
+        self.blocks = None if source is None else Blocks(source, engine.strategy)
+        self.steps_per_epoch = steps_per_epoch
+        self.steps_known = steps_known
+        self.epochs = epochs
+        self.prefetch = prefetch
+        self.validation: tuple[Any, int, int | None] = (None, 1, None)
+        self.meter = InputWaitMeter()
+        self.in_flight = InFlight()  # across epochs: the next one's calls queue behind
+        self.carried: Iterator[Any] | None = None  # an iterator read on by the next epoch
+        self.carry: Carry | None = None  # the next epoch's first inputs, made by this one
+
+    def all(self, checked: bool) -> dict[str, float]:
+        """Runs the epochs from `engine.position.epoch` (BackupAndRestore may have moved it
+        in `on_train_begin`); returns the last epoch's logs."""
+        engine, cbs = self.engine, self.cbs
+        epoch_logs: dict[str, float] = {}
+        # An epoch's end (its logs, `on_epoch_end`) and the next one's `on_epoch_begin` run
+        # once the next epoch's first call is dispatched, when every callback with an epoch
+        # hook is async-safe and nothing else happens in between (validation, a stop).
+        overlap = cbs.epoch_hooks_deferred()
+        deferred: Callable[[], dict[str, float]] | None = None
+        iterator: Iterator[Any] | None = None
+        # SIGTERM: every process backs up at one agreed step and exits 143 (preemption.py).
+        watch = preemption.PreemptionWatch(engine, cbs).start()
+        try:
+            for epoch in range(engine.position.epoch, self.epochs):
+                engine.position.epoch = epoch
+                engine.reset_metrics()
+                begin = functools.partial(cbs.on_epoch_begin, epoch)
+                if deferred is None:
+                    begin()
+                else:
+                    begin = _then(deferred, begin)
+                iterator, end = self.one(epoch, checked, None if deferred is None else begin)
+                last = epoch + 1 == self.epochs
+                if (
+                    overlap
+                    and not last
+                    and end.steps
+                    and not (end.validates or engine.stop_training)
+                ):
+                    deferred = end  # the logs of an epoch before the last are only the hooks'
+                    continue
+                deferred = None
+                self.in_flight.drain()
+                epoch_logs = end()
+                if engine.stop_training:
+                    break
+        finally:
+            # Whether fit returns, raises or is interrupted, no pipeline thread outlives it.
+            sources.close(iterator)
+            sources.close(self.carried)
+            watch.stop()
+            self.carry = None
+            self.in_flight.drain()
+        return epoch_logs
+
+    def one(
+        self, epoch: int, checked: bool, after_first: Callable[[], None] | None
+    ) -> tuple[Iterator[Any], _EpochEnd]:
+        """Runs epoch `epoch`'s steps; returns its iterator and its end, still to run.
+        `after_first`: run once the epoch's first call is dispatched."""
+        engine = self.engine
+        t0 = time.perf_counter()
+        iterator, limit = self._iterator()
+        iterator = checks.watch(engine, iterator, self.source, checked)  # each batch, if not all
+        iterator = flop_rate.watch(engine, iterator)  # keeps batch 1 for the FLOP count
+        result = run_phase(
+            engine,
+            "train",
+            iterator,
+            limit,
+            self.cbs,
+            self.meter,
+            engine.on_train_steps,
+            self.prefetch,
+            self.source,
+            steps_hint=self.steps_known,
+            # A carried iterator's next epoch starts reading before this one ends.
+            next_limit=self.steps_per_epoch if epoch + 1 < self.epochs else None,
+            blocks=self.blocks,
+            after_first=after_first,
+            in_flight=self.in_flight,
+            ahead=self.carry,
+        )
+        self.carry = result.carry
+        engine.position.data_state = result.position
+        if after_first is not None and result.steps == 0:
+            after_first()  # no call was dispatched to run it after
+        engine.position.steps_done = 0
+        exhausted = result.exhausted or self.steps_per_epoch is None
+        self.carried = None if exhausted else iterator
+        if self.carried is None:
+            sources.close(iterator)
+        elapsed = time.perf_counter() - t0
+        val_data, freq, val_steps = self.validation
+        validates = val_data is not None and (epoch + 1) % freq == 0
+        end = _EpochEnd(
+            self,
+            epoch,
+            engine.last_logs,  # the last call's logs, before the next reset
+            result.steps,
+            elapsed,
+            self.meter.epoch_summary()["input_wait_fraction"],
+            iterator,
+            val_data if validates else None,
+            val_steps,
+        )
+        return iterator, end
+
+    def _iterator(self) -> tuple[Iterator[Any], int | None]:
+        """The epoch's host iterator and step limit, resuming a restored position if any."""
+        position = self.engine.position
+        resume = position.take_resume()
+        if resume is None:
+            carried = self.carried
+            return (carried if carried is not None else iter(self.data)), self.steps_per_epoch
+        iterator = iter(self.data)
+        if resume["data"] is not None and getattr(iterator, "checkpointable", False):
+            iterator.set_state(resume["data"])
+            if resume["epoch_done"] and self.steps_per_epoch is None:
+                iterator = iter(self.data)  # the saved position ends an epoch: start the next
+        position.steps_done = resume["steps_done"]
+        if self.steps_per_epoch is None:
+            return iterator, None
+        return iterator, self.steps_per_epoch - resume["steps_done"]
+
+
+class _EpochEnd:
+    """An epoch's end, run now or once the next epoch's first call is dispatched: its logs
+    (validating if due) after `on_epoch_end` got them."""
+
+    def __init__(
+        self,
+        epochs: _Epochs,
+        epoch: int,
+        values: Any,
+        steps: int,
+        elapsed: float,
+        wait: float,
+        iterator: Iterator[Any],
+        val_data: Any,
+        validation_steps: int | None,
+    ) -> None:
+        self.epochs = epochs
+        self.epoch = epoch
+        self.values = values  # the epoch's last call's log values
+        self.steps = steps
+        self.elapsed = elapsed
+        self.wait = wait
+        self.iterator = iterator
+        self.val_data = val_data
+        self.validation_steps = validation_steps
+
+    @property
+    def validates(self) -> bool:
+        return self.val_data is not None
+
+    def __call__(self) -> dict[str, float]:
+        engine = self.epochs.engine
+        logs = engine.fetch_logs(self.values)
+        examples = float(self.steps * _global_batch(self.epochs.data))
+        elapsed = self.elapsed
+        logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
+        logs["input_wait_fraction"] = self.wait
+        logs.update(
+            flop_rate.epoch_logs(engine, self.iterator, self.steps, elapsed, self.epochs.source)
+        )
+        if self.val_data is not None:
+            val_logs = validation_logs(engine, self.val_data, self.validation_steps)
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        if self.steps == 0:
+            warnings.warn(
+                f"epoch {self.epoch + 1} ran no step: the data is empty or ran out", stacklevel=5
+            )
+        self.epochs.cbs.on_epoch_end(self.epoch, logs)
+        return logs
+
+
+def _then(first: Callable[[], Any], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+
+    return both
+
+
+def _is_infinite(data: Any) -> bool:
+    cardinality = getattr(data, "cardinality", None)
+    if callable(cardinality):
+        cardinality = cardinality()
+    return cardinality == float("inf")
+
+
+def _global_batch(data: Any) -> int:
+    batch = getattr(data, "batch_size", None)
+    return int(batch) if isinstance(batch, int) else 0
