@@ -1,4 +1,11 @@
-"""Model adapters: one per framework, chosen by `adapt`; see `protocol.ModelAdapter`."""
+"""Model adapters: one per framework, chosen by `adapt`; see `protocol.ModelAdapter`.
+
+The engine sees a model only through its adapter: its variables as `(params, rest)`, a
+pure `apply`, and assigning trained values back to the user's object. A new framework adds
+an adapter class to `ADAPTERS` and nothing else changes.
+
+May import: `api` (precision, the Keras bridge) and the strategy layer; nothing above.
+"""
 
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ def _check_jax_backend() -> None:
 
 
 @contextlib.contextmanager
-def _masked_batch_norm(model: Any, mask: jax.Array | None) -> Iterator[None]:
-    """While tracing: every BatchNormalization class in `model` passes `mask` to its call.
+def _masked_batch_norm(keras_model: Any, mask: jax.Array | None) -> Iterator[None]:
+    """While tracing: every BatchNormalization class in `keras_model` passes `mask` to its call.
 
     The class, not the layer, is patched (and restored on exit): Keras layers track their
     attributes, and the patched call reads the mask from a context variable, so a layer
@@ -72,7 +72,7 @@ def _masked_batch_norm(model: Any, mask: jax.Array | None) -> Iterator[None]:
     keras = _keras()
     classes = {
         type(layer)
-        for layer in model._flatten_layers(include_self=False)
+        for layer in keras_model._flatten_layers(include_self=False)
         if isinstance(layer, keras.layers.BatchNormalization)
     }
     originals = {cls: cls.__dict__.get("call") for cls in classes}
@@ -107,14 +107,14 @@ def _masked_batch_norm(model: Any, mask: jax.Array | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _compute_dtype(model: Any, policy: Any) -> Iterator[None]:
+def _compute_dtype(keras_model: Any, policy: Any) -> Iterator[None]:
     """While tracing: layers on Keras's 'float32' policy follow phalanx's mixed `policy`."""
     if policy is None or policy.compute_dtype == jnp.float32:
         yield
         return
     switched = [
         layer
-        for layer in model._flatten_layers(include_self=True)
+        for layer in keras_model._flatten_layers(include_self=True)
         if getattr(layer.dtype_policy, "name", None) == "float32"
     ]
     for layer in switched:

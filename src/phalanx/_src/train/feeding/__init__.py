@@ -1,1 +1,14 @@
-"""placeholder"""
+"""Feeding: a batch's way from the user's data to a compiled call's input.
+
+- `sources`: Keras's inputs as host batches; in-memory data kept on the devices
+  (`device_data`), so that only row numbers cross from the host.
+- `batches.Groups`: a host iterator's batches, K at a time (one call's worth).
+- `feeders`: the `Feeder` protocol and its two feeders, `HostFeeder` (host batches, ahead
+  in a thread) and `ResidentFeeder` (device-resident data, a fill at a time in the loop's
+  thread).
+- `dispatch.Runner`: turns groups into call inputs (`inputs`: a batch, a `Table` entry,
+  or `Resident` blocks) and binds them to the engine's compiled calls.
+
+May import: `engine`, `api`, and the data and strategy layers; not `loops`, `checkpoint`
+or `model.py`.
+"""

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from phalanx._src.train.api.losses import Loss
+from phalanx._src.train.api.loss_base import Loss
 
 # Keras's choice of accuracy for metrics=['accuracy'], by the loss's class name.
 _IMPLIED_ACCURACY = {

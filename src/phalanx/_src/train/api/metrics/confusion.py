@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from phalanx._src.train.api.losses import align_rank
+from phalanx._src.train.api.loss_base import align_rank
 from phalanx._src.train.api.metrics.base import Metric, example_weights, safe_divide, zeros
 
 # Keras's `backend.epsilon()`, which pads AUC's end thresholds to -eps and 1 + eps.
