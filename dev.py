@@ -7,13 +7,16 @@
     python3 dev.py run CMD [ARGS...] # any command inside the project's environment
 
 Each command creates `.venv` beside this file on first use and installs the project into it
-(again whenever pyproject.toml changes), so nothing has to be installed by hand.
+(again whenever pyproject.toml changes), so nothing has to be installed by hand. `test` also
+needs Chromium for the docs test: it uses one on PATH (or PHALANX_BROWSER), else installs one
+with apt-get when run as root, as CI is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -28,6 +31,10 @@ STAMP = VENV / ".phalanx-installed"
 PYTEST_NO_TESTS = 5
 # The project's offline data (mnist.npz), shared by the checkouts beside this one.
 SHARED_DATA = ROOT.parent / "shared" / "data"
+# The headless browser tests/docs checks the built site in (tests/docs/conftest.py looks for
+# the same names); Playwright drives it and downloads none.
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+APT_BROWSER = ("chromium", "fonts-liberation")
 
 
 def _call(*cmd: str | os.PathLike, env: dict | None = None) -> int:
@@ -57,7 +64,33 @@ def ensure_env(extras: str, satisfied_by: tuple[str, ...] = ()) -> None:
 
 def build_docs(mkdocs_args: list[str], strict: bool = False) -> int:
     """Builds the documentation site (mkdocs.yml) into build/site; strict: warnings fail."""
-    return _call(PY, "-m", "mkdocs", "build", *(["--strict"] if strict else []), *mkdocs_args)
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2
+    strict_args = ["--strict"] if strict else []
+    return _call(PY, "-m", "mkdocs", "build", *strict_args, *mkdocs_args, env=env)
+
+
+def find_browser() -> str | None:
+    if named := os.environ.get("PHALANX_BROWSER"):
+        return shutil.which(named) or named
+    return next(filter(None, map(shutil.which, BROWSERS)), None)
+
+
+def ensure_browser() -> str | None:
+    """The browser for the docs test: on PATH, else installed once with apt-get when running
+    as root (CI's machines); None (the test then skips, outside CI) when neither works."""
+    if found := find_browser():
+        return found
+    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        print("no Chromium for the docs test: install one (e.g. apt-get install chromium)")
+        return None
+    print(f"installing {' '.join(APT_BROWSER)} with apt-get, for the docs test", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["install", "-y", "-qq", "--no-install-recommends", *APT_BROWSER]
+    for args in (["update", "-qq"], install):
+        done = subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"apt-get {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+    return find_browser()
 
 
 def run_tests(pytest_args: list[str]) -> int:
@@ -70,6 +103,8 @@ def run_tests(pytest_args: list[str]) -> int:
         return 1
     env = dict(os.environ)
     env.pop("PHALANX_TEST_DEVICES", None)
+    if browser := ensure_browser():
+        env["PHALANX_BROWSER"] = browser  # so the docs test fails, not skips, without it
     rc = _call(PY, "-m", "pytest", "-q", *pytest_args, env=env)
     if rc not in (0, PYTEST_NO_TESTS):
         return rc

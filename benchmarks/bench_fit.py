@@ -46,7 +46,7 @@ measures it).
 Each device count runs in its own process.
 
 Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-25, with a loss read
-releasing the calls queued before it (`feed.InFlight.read`), the three variants the issue
+releasing the calls queued before it (`phase.InFlight.read`), the three variants the issue
 names only (more rounds in the same time): `python benchmarks/bench_fit.py --no-keras
 --variants sol,fit,fit+bar --steps-per-execution 1 --rounds 30` (09:48-10:00), the same
 with `--steps-per-execution 50 --rounds 12` (10:04-10:19), and with `--devices 1

@@ -38,7 +38,7 @@ class Strategy:
       state_sharding: where `Model`'s train state lives. 'replicated' (default): a full
         copy on every replica. 'zero1': optimizer state sharded over the replicas (ZeRO-1).
         'fsdp': parameters sharded too, gathered where used (FSDP / ZeRO-3). Same numbers
-        in every mode; see `phalanx._src.strategy.sharding`.
+        in every mode.
 
     Raises:
       ValueError: for no devices, a repeated device, or an unknown `state_sharding`.

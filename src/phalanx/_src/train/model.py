@@ -33,7 +33,7 @@ class Model:
 
     The model is a Flax NNX module (BatchNorm, Dropout and any other stateful layer
     included) or, with the `keras` extra, a Keras 3 model on the JAX backend; each framework
-    plugs in through a model adapter (`phalanx._src.train.adapters`).
+    plugs in through a model adapter.
 
     Build it inside `strategy.scope()` (or pass `strategy=`) and it trains on every replica
     of that strategy; otherwise on the default one-device strategy. `fit`, `evaluate` and
@@ -102,8 +102,7 @@ class Model:
             learning rates).
           loss: a Keras loss name, a `phalanx.losses` object, or `fn(y_true, y_pred)`
             returning per-example losses; for a model with several outputs, a dict
-            `{output: loss}` or a list with one loss per output (see
-            `phalanx._src.train.api.multi_output`).
+            `{output: loss}` or a list with one loss per output.
           metrics: Keras metric names ('accuracy', ...) or `phalanx.metrics` objects; per
             output, a dict `{output: [metrics]}` or a list with one entry per output
             (logged as `{output}_{metric}`).
@@ -243,7 +242,7 @@ class Model:
 
     # ---- the loops ------------------------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
-        """Trains; see `phalanx._src.train.loops.fit.fit` for every argument (Keras's names)."""
+        """Trains, as `keras.Model.fit`: the same arguments, by the same names."""
         from phalanx._src.train.loops.fit import fit
 
         self._check_compiled("fit")
@@ -282,8 +281,7 @@ class Model:
         for parameters plus optimizer state, as `keras.Model.summary`.
 
         Output shapes need an input: `x` (a sample batch), `input_shape` (one example's
-        shape, without the batch axis), or else the first batch `fit` / `evaluate` saw. See
-        `phalanx._src.train.summary`.
+        shape, without the batch axis), or else the first batch `fit` / `evaluate` saw.
 
         Example:
           >>> model.summary(input_shape=(784,))
