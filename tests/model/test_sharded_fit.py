@@ -98,7 +98,7 @@ def test_memory_report_counts_per_device_bytes():
 def test_checkpoint_restores_on_half_the_devices(mode, tmp_path):
     model, _ = _fit(mode, epochs=1)
     checkpointer = TrainCheckpointer(tmp_path / "ck", asynchronous=False)
-    checkpointer.save(1, model, {"epoch": 0})
+    checkpointer.save(1, model.engine, {"epoch": 0})
     checkpointer.close()
     half = jax.devices()[: max(1, N // 2)]
     fresh = build(phalanx.Strategy(devices=half, state_sharding=mode), optimizer="adam", seed=7)

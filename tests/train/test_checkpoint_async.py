@@ -46,10 +46,10 @@ KILL_DURING_SAVE = textwrap.dedent(
     from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
     model = _model(0)
     ckpt = TrainCheckpointer({directory!r})
-    ckpt.save(1, model, {{"n": 1}}, wait=True)
+    ckpt.save(1, model.engine, {{"n": 1}}, wait=True)
     np.save({first!r}, model.get_weights()[0])
     model.set_weights([w + 1 for w in model.get_weights()])
-    ckpt.save(2, model, {{"n": 2}})  # returns at once; the files are written in the background
+    ckpt.save(2, model.engine, {{"n": 2}})  # returns at once; the files are written later
     print("SAVE 2 RETURNED", flush=True)
     while not any(p.startswith("2") for p in os.listdir({directory!r})):
         time.sleep(0.001)  # kill as soon as the writer has started checkpoint 2
@@ -77,7 +77,7 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     try:
         assert ckpt.latest_step() == 1
         model = _model(5)
-        assert ckpt.restore(model) == {"n": 1}
+        assert ckpt.restore(model.engine) == {"n": 1}
     finally:
         ckpt.close()
     np.testing.assert_array_equal(model.get_weights()[0], np.load(first))
@@ -90,11 +90,11 @@ def test_an_async_save_survives_the_next_steps_and_restores_exactly(tmp_path):
     model.fit(x, x, batch_size=8, epochs=1, verbose=0)  # Adam's moments and count: not zero
     ckpt = TrainCheckpointer(tmp_path / "ckpt")
     try:
-        ckpt.save(7, model, {"epoch": 0})
+        ckpt.save(7, model.engine, {"epoch": 0})
         saved = jax.device_get(model.engine.state)
         model.fit(x, x, batch_size=8, epochs=2, verbose=0)
         assert not np.array_equal(model.get_weights()[0], saved["params"]["l1"]["kernel"][...])
-        assert ckpt.restore(model) == {"epoch": 0}
+        assert ckpt.restore(model.engine) == {"epoch": 0}
     finally:
         ckpt.close()
     # Every leaf as it was at the save: parameters, optimizer state, metric sums.
@@ -118,14 +118,14 @@ def test_a_checkpoint_orbax_wrote_for_several_processes_restores_in_one(tmp_path
         ckpt._orbax().save(3, args=ckpt._orbax_args(packed, meta), force=True)
         saved = jax.device_get(model.engine.state)
         model.fit(x, x, batch_size=8, epochs=1, verbose=0)
-        ckpt.save(4, model, {"by": "files"}, wait=True)
+        ckpt.save(4, model.engine, {"by": "files"}, wait=True)
         after = jax.device_get(model.engine.state)
         assert ckpt.latest_step() == 4 and ckpt._files.is_ours(4) and not ckpt._files.is_ours(3)
-        assert ckpt.restore(model, step=3) == {"by": "orbax"}
+        assert ckpt.restore(model.engine, step=3) == {"by": "orbax"}
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(model.engine.state), saved)
-        assert ckpt.restore(model) == {"by": "files"}
+        assert ckpt.restore(model.engine) == {"by": "files"}
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(model.engine.state), after)
-        ckpt.save(5, model, {"by": "files"}, wait=True)  # max_to_keep=2: the oldest goes
+        ckpt.save(5, model.engine, {"by": "files"}, wait=True)  # max_to_keep=2: the oldest goes
         assert ckpt._files.steps() == [4, 5]
         ckpt.delete_all()
         assert ckpt.latest_step() is None
