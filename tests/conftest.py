@@ -32,15 +32,48 @@ jax.config.update("jax_num_cpu_devices", NUM_DEVICES)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("PHALANX_DATA_DIR", REPO.parent / "shared" / "data"))
+# Why the MNIST tests skipped, and how to run them: one line at the end of the run.
+MNIST_SKIP = (
+    "no mnist.npz in $PHALANX_DATA_DIR (default ../shared/data) or phalanx's cache; to run "
+    "them, set PHALANX_DATA_DIR to a folder holding mnist.npz, or run `python3 dev.py train` "
+    "once (it downloads MNIST into the cache)"
+)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
 @pytest.fixture(scope="session")
 def mnist_path() -> Path:
-    """The offline MNIST file shared by the project (never downloaded in tests)."""
-    path = DATA_DIR / "mnist.npz"
-    if not path.exists():
-        pytest.fail(f"offline MNIST not found at {path}; set PHALANX_DATA_DIR to its folder")
-    return path
+    """The offline MNIST file: `$PHALANX_DATA_DIR` (CI sets it; default `../shared/data`),
+    else phalanx's cache. The tests never download it: without it, tests that need it skip
+    (one summary line says how to enable them), except in CI (CI=true), where they fail."""
+    from phalanx._src.datasets import mnist
+
+    places = [DATA_DIR / mnist.FILENAME, mnist.cache_dir() / mnist.FILENAME]
+    found = next((path for path in places if path.is_file()), None)
+    if found is not None:
+        return found
+    if _in_ci():
+        pytest.fail(
+            f"offline MNIST not found at {' or '.join(map(str, places))}; set "
+            "PHALANX_DATA_DIR to its folder"
+        )
+    pytest.skip(MNIST_SKIP)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line for all the tests that skipped for want of MNIST."""
+
+    def reason(report: pytest.TestReport) -> str:
+        longrepr = report.longrepr
+        return str(longrepr[-1] if isinstance(longrepr, tuple) else longrepr)
+
+    skipped = terminalreporter.stats.get("skipped", [])
+    count = sum(MNIST_SKIP in reason(report) for report in skipped)
+    if count:
+        terminalreporter.write_line(f"{count} MNIST tests skipped: {MNIST_SKIP}")
 
 
 @pytest.fixture(autouse=True)

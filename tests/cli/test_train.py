@@ -108,7 +108,7 @@ def test_bad_options_fail_before_any_work(tmp_path):
     assert "--steps-per-execution must be a positive int" in done.stderr
 
 
-def test_find_batch_size_picks_the_per_replica_batch(tmp_path):
+def test_find_batch_size_leaves_at_least_20_steps_an_epoch(tmp_path):
     done = _run(
         [
             *("--data", "digits", "--find-batch-size", "--epochs", "1", "--cpu-devices", "2"),
@@ -119,8 +119,10 @@ def test_find_batch_size_picks_the_per_replica_batch(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finder = next(line for line in done.stdout.splitlines() if "batch size finder" in line)
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    # Nothing larger than each replica's share of the 1,438 training images is tried; on a
-    # CPU the answer is a multiple of 8: 719 -> 712 per replica.
-    assert finder.startswith("batch size finder: 712 per replica (1424 global)")
+    # Memory would allow the whole training set (1,438 images) in one batch: one step an
+    # epoch. The cap keeps 20: 1438 // 20 = 71 -> 70 global, 35 per replica, 21 steps.
+    assert finder.startswith("batch size finder: 35 per replica (70 global)"), finder
+    assert "an epoch of 1,438 examples has at least 20 steps" in finder
     assert "linear-scaling learning rate" in finder
-    assert report["global_batch"] == 1424 and report["replicas"] == 2
+    assert report["global_batch"] == 70 and report["replicas"] == 2
+    assert report["test_accuracy"] >= 0.5  # 0.25 with the one-batch epoch

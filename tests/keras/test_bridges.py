@@ -84,6 +84,14 @@ def test_keras_loss_is_per_example_with_kerass_values():
         assert losses.get("log_cosh")(y_true, y_pred).shape == (6,)  # a name only Keras knows
 
 
+def test_keras_loss_on_predictions_of_shape_batch_is_per_example():
+    # Keras averages the last axis, here the batch: phalanx gives each example its own value.
+    y_true = np.array([0.0, 1.0, 2.0, 3.0], np.float32)
+    y_pred = np.array([0.5, 1.0, 1.0, 5.0], np.float32)
+    loss = losses.get(keras.losses.MeanSquaredError())
+    np.testing.assert_allclose(loss(y_true, y_pred), (y_true - y_pred) ** 2, rtol=1e-6)
+
+
 def test_keras_metric_accumulates_as_keras_does_and_merges_additively():
     rng = np.random.default_rng(2)
     y = (rng.random(20) > 0.5).astype(np.float32)

@@ -68,3 +68,56 @@ def test_nothing_fits_is_a_clear_error(model):
         phalanx.tune.find_batch_size(model, SAMPLE, headroom=0)
     with pytest.raises(ValueError, match="leading batch axis"):
         phalanx.tune.find_batch_size(model, (np.zeros((4, 2)), np.zeros(3)))
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize(
+    ("examples_per_replica", "per_replica", "trials"),
+    [
+        (100, 5, [5]),  # 20 steps of 5: below one multiple of 8, so the cap itself
+        (1000, 50, [8, 16, 32, 50]),  # doubling, then the cap instead of 64
+    ],
+)
+def test_the_dataset_caps_the_batch_so_an_epoch_has_20_steps(
+    model, examples_per_replica, per_replica, trials
+):
+    replicas = model.strategy.num_replicas_in_sync
+    size = examples_per_replica * replicas
+    found = phalanx.tune.find_batch_size(model, SAMPLE, dataset_size=size)
+    assert found.per_replica_batch_size == per_replica
+    assert found.global_batch_size == per_replica * replicas
+    assert size // found.global_batch_size >= 20  # at least 20 full steps an epoch
+    assert [t[0] for t in found.trials] == trials
+    assert found.dataset_capped and not found.capped
+    assert f"capped so that an epoch of {size:,} examples has at least 20 steps" in (
+        found.summary()
+    )
+
+
+@pytest.mark.parametrize(
+    ("dataset_size", "min_steps", "replicas", "per_replica"),
+    [
+        (1438, 20, 2, 35),  # the digits on 2 replicas: 70 global, 21 steps
+        (1438, 20, 8, 8),  # 71 global rounds down to 64
+        (60000, 20, 8, 375),  # MNIST: 3,000 global
+        (10, 20, 8, 1),  # fewer examples than steps: one per replica
+        (None, 20, 8, None),  # no dataset size: no cap
+    ],
+)
+def test_the_cap_golden_values(dataset_size, min_steps, replicas, per_replica):
+    assert tune_lib._per_replica_cap(dataset_size, min_steps, replicas) == per_replica
+
+
+def test_max_batch_size_below_the_cap_still_stops_the_search(model):
+    replicas = model.strategy.num_replicas_in_sync
+    found = phalanx.tune.find_batch_size(
+        model, SAMPLE, max_batch_size=16, dataset_size=10_000 * replicas
+    )
+    assert found.per_replica_batch_size == 16 and found.capped and not found.dataset_capped
+
+
+def test_a_bad_dataset_size_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="dataset_size must be a positive int, got 0"):
+        phalanx.tune.find_batch_size(model, SAMPLE, dataset_size=0)
+    with pytest.raises(ValueError, match="min_steps_per_epoch must be a positive int, got -1"):
+        phalanx.tune.find_batch_size(model, SAMPLE, dataset_size=100, min_steps_per_epoch=-1)

@@ -116,3 +116,30 @@ def test_any_source_gets_the_same_count_as_device_arrays():
     # Rows sent, or row numbers into on-device arrays (a gather: a few more flops).
     assert model.engine.cache["flops_per_step"] == pytest.approx(on_devices, rel=0.01)
     assert history.history["model_tflops_per_second"][0] > 0
+
+
+def test_the_flop_count_does_not_embed_device_resident_data(monkeypatch):
+    # Device-resident arrays reach the counted step as an argument, never as a constant
+    # of its program: the analysed program stays small whatever the dataset's size.
+    analysed = []
+    real = jax.stages.Lowered.cost_analysis
+
+    def recording(self):
+        analysed.append([info.shape for info in jax.tree.leaves(self.args_info)])
+        return real(self)
+
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", recording)
+    strategy = phalanx.Strategy()
+    batch = 16 * strategy.num_replicas_in_sync
+    rows = batch * 64
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 256)).astype(np.float32)  # 64 batches of 256 features
+    y = rng.integers(0, 4, rows).astype(np.int32)
+    with strategy.scope():
+        model = phalanx.Model(Dense((256, 8, 4), nnx.Rngs(0)))
+        model.compile("sgd", phalanx.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ds = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0, device_data=True)
+    assert model.engine.cache["flops_per_step"] > 0
+    assert len(analysed) == 1
+    assert x.shape in analysed[0]  # the whole source array: an argument, not a constant

@@ -13,11 +13,16 @@ compiled executables are read back from disk instead, so the first step comes so
 - otherwise `$XDG_CACHE_HOME/phalanx/jax` (default `~/.cache/phalanx/jax`).
 
 `phalanx.set_compilation_cache(path)` changes it at run time (`None` turns it off).
+
+`import phalanx` never fails because of the cache: when the directory cannot be made or
+written (a read-only home, a path under a file), it warns once and goes on without a
+persistent cache.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import jax
@@ -41,10 +46,11 @@ def set_compilation_cache(path: str | os.PathLike | None) -> None:
     Takes effect for the next compilation; executables compiled before stay in memory.
 
     Args:
-      path: the cache directory (created when needed), or None to turn the cache off.
+      path: the cache directory (created now if needed), or None to turn the cache off.
 
     Raises:
-      ValueError: `path` exists and is not a directory.
+      ValueError: `path` exists and is not a directory, or cannot be created or written
+        (the cache is then left as it was).
 
     Example:
       >>> phalanx.set_compilation_cache("/scratch/jax-cache")   # shared by restarts
@@ -57,10 +63,10 @@ def set_compilation_cache(path: str | os.PathLike | None) -> None:
         compilation_cache.reset_cache()
         return
     directory = Path(path).expanduser()
-    if directory.exists() and not directory.is_dir():
+    reason = _unusable(directory)
+    if reason is not None:
         raise ValueError(
-            f"the compilation cache path {str(directory)!r} exists and is not a directory; "
-            f"pass a directory, or None (or {ENV}=0) to turn the cache off"
+            f"{reason}; pass a writable directory, or None (or {ENV}=0) to turn the cache off"
         )
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
@@ -69,11 +75,43 @@ def set_compilation_cache(path: str | os.PathLike | None) -> None:
     compilation_cache.reset_cache()  # the next compilation opens the new directory
 
 
+def _unusable(directory: Path) -> str | None:
+    """Why `directory` cannot hold the cache (None: it can; it is created if missing). JAX
+    would otherwise fail, or warn, at every compilation."""
+    try:
+        if directory.exists() and not directory.is_dir():
+            return f"the compilation cache path {str(directory)!r} exists and is not a directory"
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = f"{type(error).__name__}: {error.strerror or error}"
+        return f"the compilation cache directory {str(directory)!r} cannot be created ({reason})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"the compilation cache directory {str(directory)!r} is not writable"
+    return None
+
+
 def configure_from_environment() -> None:
-    """What `import phalanx` does; see the module docstring."""
+    """What `import phalanx` does; see the module docstring. A directory that cannot be
+    used turns the cache off, with one warning: importing phalanx never fails for it."""
     setting = os.environ.get(ENV)
-    if setting is not None:
-        off = setting.strip().lower() in _OFF
-        set_compilation_cache(None if off else setting)
-    elif jax.config.jax_compilation_cache_dir is None:
-        set_compilation_cache(default_directory())
+    if setting is not None and setting.strip().lower() in _OFF:
+        set_compilation_cache(None)
+        return
+    if setting is None:
+        if jax.config.jax_compilation_cache_dir is not None:
+            return  # the user's own JAX setting
+        directory = default_directory()
+    else:
+        directory = Path(setting).expanduser()
+    reason = _unusable(directory)
+    if reason is None:
+        set_compilation_cache(directory)
+        return
+    set_compilation_cache(None)
+    warnings.warn(
+        f"phalanx runs without a persistent compilation cache: {reason}. Compiled steps are "
+        f"not kept for the next run; set {ENV} to a writable directory, or {ENV}=0 to turn "
+        "the cache off without this warning",
+        RuntimeWarning,
+        stacklevel=2,
+    )

@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=5, help="epochs to train (default 5)")
     parser.add_argument(
         "--batch-size-per-replica",
-        type=int,
+        type=_positive_int,
         default=None,
         help="examples per replica per step; the global batch is this x replicas (default "
         "128; 16 on the small digits dataset)",
@@ -31,7 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--find-batch-size",
         action="store_true",
         help="use the largest per-replica batch that fits in device memory "
-        "(phalanx.tune.find_batch_size) instead of --batch-size-per-replica",
+        "(phalanx.tune.find_batch_size) instead of --batch-size-per-replica, capped so that "
+        "an epoch has at least 20 steps",
     )
     parser.add_argument(
         "--precision",
@@ -92,6 +93,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--verbose", type=int, default=None, choices=(0, 1, 2))
     parser.add_argument("--json", action="store_true", help="end with one JSON line of results")
+
+
+def _positive_int(value: str) -> int:
+    """An argparse type: an int >= 1, else an error naming the value (argparse exits 2)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int (e.g. 128), got {value!r}")
+    return number
 
 
 def _steps_per_execution(value: str) -> int | str:
@@ -172,8 +184,13 @@ def _save_curves(history: Any, run_dir: Path, title: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Train, evaluate, report; 0 on success."""
     steps_per_execution = _steps_per_execution(args.steps_per_execution)
-    if args.epochs < 1 or (args.batch_size_per_replica or 1) < 1:
-        raise SystemExit("phalanx train: --epochs and --batch-size-per-replica must be >= 1")
+    if args.epochs < 1:
+        raise SystemExit(f"phalanx train: --epochs must be >= 1, got {args.epochs}")
+    if args.batch_size_per_replica is not None and args.batch_size_per_replica < 1:
+        raise SystemExit(
+            "phalanx train: --batch-size-per-replica must be a positive int (e.g. 128), got "
+            f"{args.batch_size_per_replica}"
+        )
 
     # A Keras model from --model runs on Keras's JAX backend, which must be chosen before
     # the user's module first imports keras.
@@ -227,9 +244,9 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         compile_model(data.base_learning_rate)  # the rate for a global batch of 128
-        # No batch larger than each replica's share of the training set is worth a try.
-        share = len(data.train[0]) // strategy.num_replicas_in_sync
-        found = phalanx.tune.find_batch_size(model, data.train, max_batch_size=max(128, share))
+        # Capped so that an epoch has at least 20 steps: a batch as large as the training
+        # set learns little per epoch (the summary says when the cap chose the batch).
+        found = phalanx.tune.find_batch_size(model, data.train, dataset_size=len(data.train[0]))
         print(found.summary())
         per_replica = found.per_replica_batch_size
     global_batch = per_replica * strategy.num_replicas_in_sync

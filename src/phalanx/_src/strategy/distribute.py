@@ -94,6 +94,36 @@ def check_batch(batch: Any) -> tuple[list[np.ndarray], Any, int]:
     )
 
 
+def check_dataset(dataset: Any, method: str) -> None:
+    """Refuses arrays given where an iterable of batches is expected, as tf.distribute does.
+
+    Iterating a tuple `(x, y)` yields all of x, then all of y; a dict yields its keys; an
+    array yields its rows one by one. Each would be distributed as if it were batches.
+
+    Raises:
+      ValueError: naming what was received and how to batch it.
+    """
+    array = np.ndarray | jax.Array
+    if isinstance(dataset, array):
+        received = f"an array of shape {tuple(np.shape(dataset))} (it would yield one row a step)"
+    elif isinstance(dataset, dict):
+        received = f"a dict with keys {sorted(map(str, dataset))} (it would yield its keys)"
+    elif isinstance(dataset, tuple) and any(isinstance(v, array) for v in dataset):
+        shapes = [tuple(np.shape(v)) if isinstance(v, array) else type(v).__name__ for v in dataset]
+        received = (
+            f"a tuple of {len(dataset)} values {shapes} (it would yield all of the first, "
+            "then all of the second, as batches)"
+        )
+    else:
+        return
+    raise ValueError(
+        f"{method} needs an iterable of batches (a phalanx.data.Dataset, a tf.data or Grain "
+        f"dataset, a DataLoader, a list of batches), but got {received}. Batch the arrays "
+        "first, e.g. phalanx.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size) "
+        "(or tf.data.Dataset.from_tensor_slices((x, y)).batch(...))"
+    )
+
+
 _BARE = jax.tree.structure(0)  # a batch that is one bare array
 
 

@@ -128,6 +128,26 @@ class _Plan:
         return (fn, self.treedef, tuple(self.kinds), statics, self.graphdef, shapes, mask_shape)
 
 
+def _check_outputs(out: Any) -> None:
+    """Raises a TypeError naming the first output leaf that is not an array or a number:
+    what `run` returns comes back as per-replica or mirrored arrays, and nothing else can."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+        if isinstance(leaf, jax.Array | np.ndarray | np.generic | bool | int | float | complex):
+            continue
+        if hasattr(leaf, "__jax_array__"):  # an nnx.Variable, for one
+            continue
+        shown = repr(leaf)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        where = f"output {jax.tree_util.keystr(path)}" if path else "output"
+        raise TypeError(
+            f"strategy.run: the function returned {shown} (a {type(leaf).__name__}) as its "
+            f"{where}; what it returns must be arrays or numbers, or a tuple / list / dict of "
+            "them (they come back as PerReplica or mirrored values). Return the arrays only, "
+            "e.g. return {'loss': loss}, and keep strings and other Python values outside "
+            "the function"
+        )
+
+
 def _node_write_back(var_types: list[type], old: list, new: list, axis: str) -> list:
     """New values of module variables, made identical on every replica (see aggregation.py)."""
     out = []
@@ -198,6 +218,7 @@ class _Compiled:
             context = ReplicaContext(self.strategy, axis, mask)
             with replica_scope(context):
                 out = self.fn(*args, **kwargs)
+            _check_outputs(out)
             out_leaves, out_treedef = jax.tree.flatten(out)
             out_leaves = [jnp.asarray(x) for x in out_leaves]
             new_state = None

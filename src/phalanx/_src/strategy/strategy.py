@@ -16,7 +16,12 @@ from phalanx._src.strategy import reduce as reduce_lib
 from phalanx._src.strategy import run as run_lib
 from phalanx._src.strategy import sharding as sharding_lib
 from phalanx._src.strategy import state
-from phalanx._src.strategy.distribute import DistributedDataset, InputContext, PerReplicaBatches
+from phalanx._src.strategy.distribute import (
+    DistributedDataset,
+    InputContext,
+    PerReplicaBatches,
+    check_dataset,
+)
 from phalanx._src.strategy.reduce_op import ReduceOp
 from phalanx._src.strategy.values import PerReplica
 
@@ -190,13 +195,15 @@ class Strategy:
 
         Raises:
           ValueError: when the dataset was batched with `drop_remainder=True` and its batch
-            does not split over the replicas.
+            does not split over the replicas, or for arrays instead of batches (a tuple
+            `(x, y)`, a dict, an array), as tf.distribute refuses them.
 
         Example:
           >>> ds = phalanx.data.Dataset.from_tensor_slices((x, y)).batch(1024)
           >>> for batch in strategy.experimental_distribute_dataset(ds):
           ...     strategy.run(train_step, args=(batch,))
         """
+        check_dataset(dataset, "experimental_distribute_dataset")
         batch_size = getattr(dataset, "batch_size", None)
         drop_remainder = bool(getattr(dataset, "drop_remainder", False))
         source = dataset
@@ -249,6 +256,7 @@ class Strategy:
             num_replicas_in_sync=self.num_replicas_in_sync,
         )
         dataset = dataset_fn(context)
+        check_dataset(dataset, "distribute_datasets_from_function (what dataset_fn returns)")
         batch_size = getattr(dataset, "batch_size", None)
         drop_remainder = bool(getattr(dataset, "drop_remainder", False))
         if process_batches:
@@ -301,6 +309,10 @@ class Strategy:
           `fn`'s output structure: leaves that are identical on every replica (results of
           `all_reduce`) as replicated arrays, all others as `PerReplica`, whatever the number
           of replicas.
+
+        Raises:
+          TypeError: `fn` returned something other than arrays and numbers (a string, a
+            module...); the message names the output.
 
         Example:
           >>> def step(model, optimizer, batch):

@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from phalanx._src.cluster.watchdog import peer_failures
-from phalanx._src.strategy.strategy import Strategy, get_strategy
+from phalanx._src.strategy.strategy import Strategy, get_strategy, has_strategy
 from phalanx._src.train.adapters import adapt
 from phalanx._src.train.api import keras_bridge, multi_output
 from phalanx._src.train.api import optimizers as optimizers_lib
@@ -36,9 +36,11 @@ class Model:
     plugs in through a model adapter.
 
     Build it inside `strategy.scope()` (or pass `strategy=`) and it trains on every replica
-    of that strategy; otherwise on the default one-device strategy. `fit`, `evaluate` and
-    `predict` give the numbers one device would give on the same global batches, whatever the
-    number of replicas, and see every example exactly once.
+    of that strategy; otherwise on the default one-device strategy. Its `compile`, `fit`,
+    `evaluate` and `predict` run on that strategy, outside any scope or inside its own;
+    inside another strategy's scope they raise a ValueError, as tf.distribute does. `fit`,
+    `evaluate` and `predict` give the numbers one device would give on the same global
+    batches, whatever the number of replicas, and see every example exactly once.
 
     Args:
       module: a Flax NNX module (or Keras 3 model) mapping a batch of inputs to predictions.
@@ -57,6 +59,7 @@ class Model:
 
     def __init__(self, module: Any, *, strategy: Strategy | None = None) -> None:
         self.adapter = adapt(module)
+        self._chosen_strategy = strategy is not None or has_strategy()  # else the default
         self.strategy = strategy if strategy is not None else get_strategy()
         # The training state, compiled calls and fit's position; see `engine.Engine`.
         self.engine = Engine(self.strategy, self.adapter)
@@ -117,8 +120,10 @@ class Model:
           output_names: names for a tuple / list output (default `output_1`, ...).
 
         Raises:
-          ValueError: for an unknown name or a non-positive step count.
+          ValueError: for an unknown name or a non-positive step count, or when called
+            inside the scope of another strategy than the model's (see `fit`).
         """
+        self._check_strategy("compile")
         if loss is None:
             raise ValueError(
                 "compile() needs a loss, e.g. loss='sparse_categorical_crossentropy' or a "
@@ -174,6 +179,36 @@ class Model:
                 f"call model.compile(optimizer=..., loss=...) before model.{what}(); the "
                 "loss and optimizer define the compiled step"
             )
+
+    def _check_strategy(self, what: str) -> None:
+        """Refuses `what` inside the scope of a strategy other than the one the model was
+        built for: the model would silently run on its own strategy's devices (a model built
+        outside any scope: on one device). tf.distribute raises "Mixing different
+        tf.distribute.Strategy objects" there. Outside any scope the model's own strategy is
+        used, as built."""
+        if not has_strategy():
+            return
+        current, mine = get_strategy(), self.strategy
+        if current is mine or (
+            current.devices == mine.devices and current.state_sharding == mine.state_sharding
+        ):
+            return
+        how = (
+            "inside its scope, or with strategy="
+            if self._chosen_strategy
+            else "outside any scope(), so on the default one-device strategy"
+        )
+        names = [repr(current), repr(mine)]
+        if names[0] == names[1]:  # the same count and platform: tell them apart by device
+            names = [f"{s!r} on devices {[d.id for d in s.devices]}" for s in (current, mine)]
+        raise ValueError(
+            f"model.{what}() was called inside the scope of {names[0]}, but the model was "
+            f"built for {names[1]} ({how}); it would run on that strategy's devices, not on "
+            "this one's replicas. Build the model in the scope it runs in: with "
+            "strategy.scope(): model = phalanx.Model(module); model.compile(...); or pass "
+            f"phalanx.Model(module, strategy=strategy); or call model.{what}() outside the "
+            "other scope to use the model's own strategy"
+        )
 
     @property
     def module(self) -> Any:
@@ -246,6 +281,7 @@ class Model:
         from phalanx._src.train.loops.fit import fit
 
         self._check_compiled("fit")
+        self._check_strategy("fit")
         with peer_failures():
             history = fit(self, x, y, **kwargs)
         # The user's own object (a Keras model's get_weights/save/evaluate) sees the result.
@@ -258,6 +294,7 @@ class Model:
         from phalanx._src.train.loops.evaluate import evaluate
 
         self._check_compiled("evaluate")
+        self._check_strategy("evaluate")
         with peer_failures():
             return evaluate(self, x, y, **kwargs)
 
@@ -266,6 +303,7 @@ class Model:
         from phalanx._src.train.loops.predict import predict
 
         self._check_compiled("predict")
+        self._check_strategy("predict")
         with peer_failures():
             return predict(self, x, **kwargs)
 

@@ -11,6 +11,11 @@ batch: the candidates are compiled from shapes.
 Candidates are multiples of 128 per core on TPUs and GPUs (the seeds' rule: the matrix
 units' tile) and of 8 on CPUs; the search doubles until a candidate does not fit, then
 bisects between the last that fit and the first that did not.
+
+Memory is not the only limit: a batch as large as the training set gives one step an epoch,
+and a few steps learn little (the 1,438 training digits in one batch reach about 0.25 accuracy
+after an epoch). Given `dataset_size`, the global batch is capped so that an epoch has at
+least `min_steps_per_epoch` (20) steps.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 
 ACCELERATOR_MULTIPLE = 128
 CPU_MULTIPLE = 8
+MIN_STEPS_PER_EPOCH = 20  # fewer optimizer steps an epoch learn too little per epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +53,9 @@ class BatchSizeResult:
         in the order tried.
       method: 'memory_analysis' or 'trial' (steps run where no analysis exists).
       capped: True when `max_batch_size` stopped the search (a larger batch may fit).
+      dataset_size: the training examples given to the search, or None.
+      min_steps_per_epoch: the fewest steps an epoch of `dataset_size` examples may have.
+      dataset_capped: True when that limit, not memory, chose the batch.
     """
 
     per_replica_batch_size: int
@@ -58,6 +67,9 @@ class BatchSizeResult:
     trials: tuple[tuple[int, int | None, bool], ...]
     method: str
     capped: bool
+    dataset_size: int | None = None
+    min_steps_per_epoch: int = MIN_STEPS_PER_EPOCH
+    dataset_capped: bool = False
 
     def summary(self) -> str:
         """One line for logs, e.g. 'batch size finder: 1024 per replica (8192 global) ...'."""
@@ -72,6 +84,11 @@ class BatchSizeResult:
             )
         if self.capped:
             parts.append("stopped at max_batch_size")
+        if self.dataset_capped:
+            parts.append(
+                f"capped so that an epoch of {self.dataset_size:,} examples has at least "
+                f"{self.min_steps_per_epoch} steps"
+            )
         if self.learning_rate is not None:
             parts.append(f"linear-scaling learning rate {self.learning_rate:.3g}")
         return ", ".join(parts)
@@ -194,6 +211,8 @@ def find_batch_size(
     multiple: int | None = None,
     base_learning_rate: float | None = None,
     base_batch_size: int = 128,
+    dataset_size: int | None = None,
+    min_steps_per_epoch: int = MIN_STEPS_PER_EPOCH,
 ) -> BatchSizeResult:
     """Finds the largest per-replica batch whose train step fits in one device's memory.
 
@@ -202,6 +221,11 @@ def find_batch_size(
     bisecting. XLA's memory analysis of each compiled step decides; a step is run only on
     backends without that analysis. The answer depends only on shapes and the compiler, so it
     is the same on every call.
+
+    With `dataset_size`, the global batch is also capped at `dataset_size //
+    min_steps_per_epoch`, rounded down to a multiple of the replica count (and at least one
+    example per replica), so that an epoch has at least `min_steps_per_epoch` steps; the cap
+    may be below `multiple`, and `dataset_capped` and `summary()` then say so.
 
     Args:
       model: a compiled `phalanx.Model` (its optimizer, precision and strategy count).
@@ -216,6 +240,8 @@ def find_batch_size(
       base_learning_rate: the learning rate known to work at a global batch of
         `base_batch_size`; default: the model's current learning rate, when it has one.
       base_batch_size: the global batch `base_learning_rate` belongs to.
+      dataset_size: the number of training examples; None: no cap from the data.
+      min_steps_per_epoch: the fewest steps an epoch may have, with `dataset_size`.
 
     Returns:
       A `BatchSizeResult` (`.per_replica_batch_size`, `.global_batch_size`,
@@ -229,7 +255,8 @@ def find_batch_size(
       >>> with strategy.scope():
       ...     model = phalanx.Model(MLP(rngs=nnx.Rngs(0)))
       ...     model.compile("adam", "sparse_categorical_crossentropy")
-      >>> found = phalanx.tune.find_batch_size(model, (x_train, y_train))
+      >>> found = phalanx.tune.find_batch_size(
+      ...     model, (x_train, y_train), dataset_size=len(x_train))
       >>> model.fit(x_train, y_train, batch_size=found.global_batch_size)
     """
     if not getattr(model, "compiled", False):
@@ -245,15 +272,22 @@ def find_batch_size(
         raise ValueError(
             f"max_batch_size {max_batch_size} is below one multiple ({multiple}); raise it"
         )
+    replicas = model.strategy.num_replicas_in_sync
+    cap = _per_replica_cap(dataset_size, min_steps_per_epoch, replicas)
     limit = memory_limit_bytes if memory_limit_bytes is not None else device_memory_bytes(device)
     budget = None if limit is None else int(limit * headroom)
     probe = _Probe(model, _example_specs(sample), budget)
-    top = max_batch_size // multiple  # candidates are n * multiple, n in 1..top
+    top = max_batch_size // multiple  # candidates are size(n), n in 1..top
+    if cap is not None:
+        top = min(top, -(-cap // multiple))  # the first multiple at or above the cap
 
-    if not probe.fits(multiple):
+    def size(n: int) -> int:
+        return n * multiple if cap is None else min(n * multiple, cap)
+
+    if not probe.fits(size(1)):
         needed = probe.trials[-1][1]
         raise ValueError(
-            f"not even {multiple} examples per replica fit: the step needs "
+            f"not even {size(1)} examples per replica fit: the step needs "
             f"{'?' if needed is None else needed} bytes per device, the budget is {budget} "
             f"({headroom:.0%} of {limit}); use a smaller model, a 'mixed_bfloat16' policy, or "
             "pass a smaller multiple="
@@ -261,18 +295,19 @@ def find_batch_size(
     good, bad = 1, None
     while bad is None and good < top:  # doubling
         n = min(2 * good, top)
-        if probe.fits(n * multiple):
+        if probe.fits(size(n)):
             good = n
         else:
             bad = n
     while bad is not None and bad - good > 1:  # bisection in units of `multiple`
         middle = (good + bad) // 2
-        if probe.fits(middle * multiple):
+        if probe.fits(size(middle)):
             good = middle
         else:
             bad = middle
-    per_replica = good * multiple
-    global_batch = per_replica * model.strategy.num_replicas_in_sync
+    per_replica = size(good)
+    global_batch = per_replica * replicas
+    dataset_capped = bad is None and per_replica == cap
     if base_learning_rate is None:
         try:
             base_learning_rate = float(model.learning_rate)
@@ -291,5 +326,23 @@ def find_batch_size(
         multiple=multiple,
         trials=tuple(probe.trials),
         method=probe.method,
-        capped=bad is None,
+        capped=bad is None and not dataset_capped,
+        dataset_size=dataset_size,
+        min_steps_per_epoch=min_steps_per_epoch,
+        dataset_capped=dataset_capped,
     )
+
+
+def _per_replica_cap(dataset_size: int | None, min_steps: int, replicas: int) -> int | None:
+    """The largest per-replica batch that leaves `min_steps` steps an epoch, or None.
+
+    Example:
+      >>> _per_replica_cap(1438, 20, 2)   # 1438 // 20 = 71 -> 70 global, 35 per replica
+      35
+    """
+    if dataset_size is None:
+        return None
+    for value, name in ((dataset_size, "dataset_size"), (min_steps, "min_steps_per_epoch")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return max(1, dataset_size // min_steps // replicas)

@@ -116,3 +116,26 @@ def class_weights(y: Any, class_weight: Mapping[int, float], sample_weight: Any)
         sw = np.asarray(sample_weight, np.float32)
         weights = (sw * weights.reshape((-1,) + (1,) * (sw.ndim - 1))).astype(np.float32)
     return weights
+
+
+def step_count(value: Any, name: str) -> int | None:
+    """`value` as a step count: None (the whole dataset) or an int >= 1.
+
+    A count of 0 would run no step, and the loss would read 0.0 as if the model were perfect
+    (EarlyStopping then trusts it), so it is refused with the other non-counts.
+
+    Raises:
+      ValueError: naming `name` and the value received.
+
+    Example:
+      >>> step_count(100, "steps_per_epoch")
+      100
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(
+            f"{name} must be an int >= 1, or None for the whole dataset; got {value!r}. "
+            f"{name}=0 would run no step and log a loss of 0.0; e.g. {name}=100"
+        )
+    return int(value)

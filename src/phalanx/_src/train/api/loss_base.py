@@ -30,6 +30,34 @@ def _per_example(values: jax.Array) -> jax.Array:
     return jnp.mean(values, axis=tuple(range(1, values.ndim)))
 
 
+def _check_per_example(name: str, values: jax.Array, pred_shape: tuple) -> None:
+    """Raises unless `values` has one entry per example (its first axis the batch's).
+
+    A loss that reduces over the batch itself (a scalar, Keras's reduction='sum_over_batch_size'
+    applied too early) cannot be weighed by example: the padded rows of a partial last batch,
+    which the step masks out, would be averaged in, and the numbers would be wrong. So it is
+    refused when the step is traced, before anything compiles.
+    """
+    if not pred_shape:
+        return  # an unbatched call, e.g. loss(1.0, 0.5)
+    batch = pred_shape[0]
+    if values.ndim >= 1 and values.shape[0] == batch:
+        return
+    hint = ""
+    if len(pred_shape) == 1:
+        hint = (
+            " (with predictions of shape (batch,), a mean over axis=-1 is the batch mean: "
+            "reduce nothing, or give the model's output a trailing axis of 1)"
+        )
+    raise ValueError(
+        f"the loss {name!r} returned shape {tuple(values.shape)} for a batch of {batch} "
+        f"examples (predictions of shape {tuple(pred_shape)}); a loss must return one value "
+        f"per example, shape ({batch},), as Keras's reduction='none' does, and phalanx then "
+        "weighs and averages them over the real examples. Reduce every axis but the first, "
+        f"e.g. return jnp.mean(jnp.square(y_true - y_pred), axis=-1), not the batch mean{hint}"
+    )
+
+
 def _float32(x: Any) -> jax.Array:
     return jnp.asarray(x).astype(jnp.float32)
 
@@ -98,7 +126,9 @@ class Loss:
                 "takes one; compile with one loss per output, e.g. loss={'a': 'mse', 'b': "
                 "'mae'} for dict outputs or loss=['mse', 'mae'] for a tuple"
             )
-        return _per_example(_float32(self.call(jnp.asarray(y_true), _float32(y_pred))))
+        values = _float32(self.call(jnp.asarray(y_true), _float32(y_pred)))
+        _check_per_example(self.name, values, jnp.shape(y_pred))
+        return _per_example(values)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -24,73 +24,33 @@ order on every process.
 
 `restore` reads either format into the shardings of the engine's current state, whatever
 they were at save time, so a checkpoint written on one device count (or process count)
-restores on another.
+restores on another. It checks everything first (`Files.read`, `Layout.verify`): a damaged
+checkpoint raises `CheckpointError` naming its file, and the model is left as it was.
+
+Saving takes the folder (`claim`: created if missing, its lock file taken by process 0, see
+`lock`), so a folder that is a file, cannot be written or is used by another job is refused
+before the first save, and a second job cannot save into it meanwhile; `close` releases it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
-import threading
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 
-from phalanx._src.train.checkpoint.files import Files, to_devices, to_host
+from phalanx._src.train.checkpoint.files import RECORD, Files, to_devices, to_host
 from phalanx._src.train.checkpoint.layout import Layout
+from phalanx._src.train.checkpoint.lock import CLAIMS, LOCKS
+from phalanx._src.train.checkpoint.record import CheckpointError
+from phalanx._src.train.checkpoint.writer import WRITER
 
 if TYPE_CHECKING:
     from phalanx._src.train.engine.engine import Engine
-
-
-class _Writer:
-    """One background thread per process running save tasks in submission order.
-
-    It waits `LINGER` seconds for the next task before it ends, so saves every few steps
-    reuse one thread (starting one per save cost the training thread ~1 ms: `start()` waits
-    for the new thread, which then holds the interpreter while it writes), and nothing
-    outlives the saves for long (an interrupted fit leaves no thread behind).
-    """
-
-    LINGER = 0.5  # seconds
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._tasks: list[tuple[Callable[[], None], concurrent.futures.Future]] = []
-        self._thread: threading.Thread | None = None
-
-    def submit(self, task: Callable[[], None]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            self._tasks.append((task, future))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="phalanx-checkpoint-writer", daemon=True
-                )
-                self._thread.start()
-            else:
-                self._lock.notify()
-        return future
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._tasks:
-                    self._lock.wait(self.LINGER)
-                if not self._tasks:
-                    self._thread = None
-                    return
-                task, future = self._tasks.pop(0)
-            try:
-                task()
-            except BaseException as error:  # handed to the training thread by the future
-                future.set_exception(error)
-            else:
-                future.set_result(None)
-
-
-_WRITER = _Writer()
 
 
 def _use_coordination_barriers() -> None:
@@ -119,6 +79,9 @@ class TrainCheckpointer:
       asynchronous: write in a background thread while training goes on (default); False
         makes every `save` return only once the checkpoint is on disk.
 
+    Raises:
+      CheckpointError: when `directory` is a file.
+
     Example:
       >>> ckpt = TrainCheckpointer("runs/ckpt", max_to_keep=2)
       >>> ckpt.save(10, model.engine, {"epoch": 3})
@@ -133,6 +96,9 @@ class TrainCheckpointer:
     ) -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self._files = Files(self.directory)
+        # Before anything (Orbax, a save) creates it: whether phalanx makes the folder.
+        self.created = not os.path.exists(self.directory)
+        self._claimed = False
         self._max_to_keep = max_to_keep
         self._asynchronous = asynchronous
         self._pending: concurrent.futures.Future | None = None
@@ -160,10 +126,47 @@ class TrainCheckpointer:
             )
         return self._manager
 
+    def claim(self) -> None:
+        """Takes the folder for saving: creates it if missing and takes its lock (process 0,
+        for the job). `save` calls it first; call it earlier to refuse a bad folder before
+        training. All processes must call it.
+
+        Raises:
+          CheckpointError: when another job saves into the folder (naming it).
+          OSError: of the underlying kind (PermissionError...), naming the folder, when it
+            cannot be created or written.
+        """
+        if self._claimed:
+            if jax.process_index() == 0 and not LOCKS.held(self._files.directory):
+                # Released by another checkpointer of this process: take it again (alone,
+                # so saves stay free of collectives).
+                LOCKS.acquire(self._files.directory)
+            return
+        error: BaseException | None = None
+        if jax.process_index() == 0:
+            try:
+                self._files.prepare()
+                LOCKS.acquire(self._files.directory)
+            except (CheckpointError, OSError) as e:
+                error = e
+        if not _everyone(error is None) and error is None:
+            if jax.process_index() == 0:
+                LOCKS.release(self._files.directory)
+            error = CheckpointError(
+                f"process 0 could not take the checkpoint folder {self.directory}; its log says why"
+            )
+        if error is not None:
+            raise error
+        self._claimed = True
+
+    def steps(self) -> list[int]:
+        """Every complete checkpoint's number, oldest first."""
+        self.wait_until_finished()
+        return self._files.steps()
+
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's number, or None."""
-        self.wait_until_finished()
-        steps = self._files.steps()
+        steps = self.steps()
         return steps[-1] if steps else None
 
     def save(self, step: int, engine: Engine, record: dict[str, Any], wait: bool = False) -> None:
@@ -173,9 +176,12 @@ class TrainCheckpointer:
         the background unless `wait` (or the checkpointer is synchronous).
 
         Raises:
-          Exception: the previous background save's error, if it failed.
+          Exception: the previous background save's error, if it failed (an OSError naming
+            the folder when it could not be written).
+          CheckpointError, OSError: from `claim`, on the first save.
         """
         self.wait_until_finished()  # at most one save in progress (one extra state copy)
+        self.claim()
         leaves, treedef = jax.tree.flatten(engine.state)
         key = (treedef, tuple((a.shape, a.dtype, a.sharding) for a in leaves))
         if self._layout is None or self._layout[0] != key:
@@ -204,7 +210,7 @@ class TrainCheckpointer:
         if not self._asynchronous:
             write()
             return
-        self._pending = _WRITER.submit(write)
+        self._pending = WRITER.submit(write)
         if wait:
             self.wait_until_finished()
 
@@ -225,44 +231,159 @@ class TrainCheckpointer:
         if self._manager is not None:
             self._manager.wait_until_finished()
 
-    def restore(self, engine: Engine, step: int | None = None) -> dict[str, Any]:
+    def restore(
+        self, engine: Engine, step: int | None = None, expect: Iterable[str] = ()
+    ) -> dict[str, Any]:
         """Loads checkpoint `step` (default: the newest) into `engine`; returns its record.
 
+        Every byte, the layout and the stored dtypes and shapes are checked against the
+        record and against `engine`'s state before anything is assigned; so is that the
+        record holds the keys in `expect`.
+
         Raises:
-          FileNotFoundError: when there is no checkpoint.
+          FileNotFoundError: when there is no such checkpoint.
+          CheckpointError: naming the file, when the checkpoint is damaged or does not fit
+            the model; `engine` is then unchanged.
         """
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        steps = self.steps()
+        step = (steps[-1] if steps else None) if step is None else step
+        if step not in steps:
+            wanted = "" if step is None else f" {step}"
+            raise FileNotFoundError(
+                f"no checkpoint{wanted} in {self.directory} (its checkpoints: {steps})"
+            )
         if self._files.is_ours(step):
             host, meta = self._files.read(step)
-            layout = Layout.from_description(meta["layout"])
+            source = os.path.join(self.directory, str(step), RECORD)
+            layout = Layout.from_description(meta.get("layout"), source)
+            specs = {name: (a.shape, a.dtype) for name, a in host.items()}
+            layout.verify(engine.state, source, specs, meta.get("keys"))
+            record = _record(meta, expect, source)
             arrays = to_devices(host, meta["keys"], layout.abstract(engine.state))
         else:
             import orbax.checkpoint as ocp
 
             manager = self._orbax()
-            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            meta = meta["meta"]
-            layout = Layout.from_description(meta["layout"])
+            source = os.path.join(self.directory, str(step))
+            meta = self.record(step, whole=True)
+            layout = Layout.from_description(meta.get("layout"), source)
+            layout.verify(engine.state, source)
+            record = _record(meta, expect, source)
             target = ocp.args.StandardRestore(layout.abstract(engine.state))
-            arrays = manager.restore(step, args=ocp.args.Composite(state=target))["state"]
+            with _orbax_errors(source):
+                arrays = manager.restore(step, args=ocp.args.Composite(state=target))["state"]
         engine.state = layout.unpack(arrays, engine.state)
-        return dict(meta["record"])
+        return record
+
+    def record(self, step: int, whole: bool = False) -> dict[str, Any]:
+        """Checkpoint `step`'s record alone (its arrays are not read); with `whole`, all
+        its meta (the record, the layout...).
+
+        Raises:
+          CheckpointError: naming the file, when the record is damaged.
+        """
+        if self._files.is_ours(step):
+            _, meta = self._files.read_meta(step)
+            source = os.path.join(self.directory, str(step), RECORD)
+        else:
+            import orbax.checkpoint as ocp
+
+            source = os.path.join(self.directory, str(step))
+            with _orbax_errors(source):
+                args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+                meta = self._orbax().restore(step, args=args)["meta"]
+            if not isinstance(meta, dict):
+                raise CheckpointError(f"the Orbax checkpoint {source} holds no phalanx meta")
+        return meta if whole else _record(meta, (), source)
 
     def delete_all(self) -> None:
-        """Removes every checkpoint (BackupAndRestore after a finished run)."""
+        """Removes every checkpoint, and what interrupted saves left (BackupAndRestore after
+        a finished run); nothing else in the folder. All processes must call it."""
         self.wait_until_finished()
+        self.claim()
         for step in self._files.steps():
             if not self._files.is_ours(step) and self._manager is not None:
                 self._manager.delete(step)  # collective: Orbax agrees on it
             elif jax.process_index() == 0:
                 self._files.delete(step)
+        if jax.process_index() == 0:
+            self._files.delete_leftovers()
 
     def close(self) -> None:
-        """Waits for the save in progress, then releases Orbax's threads, if it had any."""
+        """Waits for the save in progress, then releases Orbax's threads, if it had any, and
+        the folder's lock."""
         try:
             self.wait_until_finished()
         finally:
-            if self._manager is not None:
-                self._manager.close()
+            try:
+                if self._manager is not None:
+                    self._manager.close()
+            finally:
+                if self._claimed and jax.process_index() == 0:
+                    LOCKS.release(self._files.directory)
+                self._claimed = False
+
+
+def _record(meta: dict[str, Any], expect: Iterable[str], source: str) -> dict[str, Any]:
+    record = meta.get("record")
+    missing = [] if not isinstance(record, dict) else [k for k in expect if k not in record]
+    if not isinstance(record, dict) or missing:
+        raise CheckpointError(
+            f"{source} holds no record with {sorted(expect) if missing else 'fields'} "
+            f"(found {sorted(record) if isinstance(record, dict) else record!r}): it was "
+            "written by another callback, or is damaged; use a folder of its own"
+        )
+    return dict(record)
+
+
+@contextlib.contextmanager
+def _orbax_errors(source: str) -> Iterator[None]:
+    """Orbax's errors reading `source` (many kinds), as one CheckpointError naming it."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(
+            f"cannot read the Orbax checkpoint {source} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); it is damaged or incomplete: "
+            "restore another step, or delete it"
+        ) from error
+
+
+def _everyone(ok: bool) -> bool:
+    """Whether `ok` holds on every process (a collective when there are several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def open_for(callback: Any, directory: str | os.PathLike, max_to_keep: int | None) -> Any:
+    """The checkpointer of a checkpoint callback's `fit`: the folder claimed, and refused
+    when another callback of the same fit saves there (`CLAIMS`).
+
+    Raises:
+      CheckpointError, OSError: see `CLAIMS.check` and `TrainCheckpointer.claim`.
+    """
+    folder = os.path.realpath(directory)
+    CLAIMS.check(folder, callback)
+    checkpointer = TrainCheckpointer(directory, max_to_keep=max_to_keep)
+    try:
+        checkpointer.claim()
+    except BaseException:
+        checkpointer.close()
+        raise
+    CLAIMS.take(folder, callback, checkpointer)
+    return checkpointer
+
+
+def close_for(callback: Any, checkpointer: TrainCheckpointer | None) -> None:
+    """Closes a callback's checkpointer (if any) and drops its claim on the folder."""
+    if checkpointer is None:
+        return
+    try:
+        checkpointer.close()
+    finally:
+        CLAIMS.drop(os.path.realpath(checkpointer.directory), callback)

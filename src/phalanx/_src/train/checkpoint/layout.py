@@ -16,6 +16,11 @@ as they are, and Orbax writes them shard by shard. `Layout.describe()` is stored
 checkpoint, so `unpack` rebuilds the state in the *target's* shardings, whatever the device
 count at save time.
 
+Before anything is restored, `verify` checks a stored layout against itself (each leaf
+where `of` would have put it), against the stored arrays (names, dtypes, shapes) and against
+the model's state (paths, shapes, dtypes): a damaged or edited record raises
+`CheckpointError` instead of loading wrong numbers.
+
 Example:
   >>> layout = Layout.of(state)
   >>> arrays = layout.pack(jax.tree.leaves(state))   # {"p0": vector, "l7": leaf, ...}
@@ -33,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from phalanx._src.train.checkpoint.record import CheckpointError
 
 Place = tuple[str, int]  # (array name, offset): "p<k>" a packed vector, "l<i>" leaf i as is
 
@@ -138,13 +145,104 @@ class Layout:
         }
 
     @classmethod
-    def from_description(cls, description: dict[str, Any]) -> Layout:
-        return cls(
-            list(description["paths"]),
-            [tuple(shape) for shape in description["shapes"]],
-            list(description["dtypes"]),
-            tuple((str(name), int(offset)) for name, offset in description["places"]),
-        )
+    def from_description(cls, description: Any, source: str = "the checkpoint") -> Layout:
+        """The layout `describe` wrote, read back from `source` (named in errors).
+
+        Raises:
+          CheckpointError: when the description is damaged.
+        """
+        try:
+            paths = list(description["paths"])
+            shapes = [tuple(shape) for shape in description["shapes"]]
+            dtypes = list(description["dtypes"])
+            places = tuple((name, offset) for name, offset in description["places"])
+            fine = (
+                len(paths) == len(shapes) == len(dtypes) == len(places)
+                and all(isinstance(p, str) for p in paths + dtypes)
+                and all(type(n) is int and n >= 0 for shape in shapes for n in shape)
+                and all(isinstance(name, str) and type(at) is int for name, at in places)
+            )
+        except (TypeError, KeyError, ValueError):
+            fine = False
+        if not fine:
+            raise CheckpointError(
+                f"the layout stored in {source} is damaged (expected lists of paths, shapes, "
+                "dtypes and places of one length): restore another checkpoint, or delete it"
+            )
+        return cls(paths, shapes, dtypes, places)
+
+    def verify(
+        self,
+        target: Any,
+        source: str,
+        stored: dict[str, tuple[tuple[int, ...], Any]] | None = None,
+        keys: Any = None,
+    ) -> None:
+        """Checks, before anything is restored, that this stored layout is one `of` makes,
+        that it fits `target` (a state of the model restoring it), and, when given, that the
+        `stored` arrays (name -> (shape, dtype)) and PRNG `keys` (name -> implementation)
+        are the ones it places.
+
+        Raises:
+          CheckpointError: naming `source` and what differs.
+        """
+        leaves = self._check(target, source)
+        vectors = self._vectors(source)
+        if stored is None:
+            return
+        names = set(vectors) | {name for name, _ in self.places if name[0] == "l"}
+        key_leaves = {f"l{i}" for i, leaf in enumerate(leaves) if _is_key(leaf.dtype)}
+        if set(stored) != names or not isinstance(keys, dict) or set(keys) != key_leaves:
+            raise CheckpointError(
+                f"{source} holds arrays {sorted(stored)} (PRNG keys: "
+                f"{sorted(keys) if isinstance(keys, dict) else keys!r}), but its layout places "
+                f"leaves in {sorted(names)} (keys: {sorted(key_leaves)}): the record is damaged "
+                "or was edited; restore another checkpoint, or delete this one"
+            )
+        wanted = {name: ((size,), jnp.dtype(dtype)) for name, (size, dtype) in vectors.items()}
+        for index, (name, _) in enumerate(self.places):
+            if name[0] == "p":
+                continue
+            leaf = leaves[index]
+            if name in keys:
+                impl = str(jax.random.key_impl(leaf))
+                if keys[name] != impl:
+                    raise CheckpointError(
+                        f"{source}: the PRNG key {self.paths[index]} is stored as "
+                        f"{keys[name]!r}, the model's is {impl!r}; restore into a model that "
+                        "uses the same random number generator"
+                    )
+                leaf = jax.eval_shape(jax.random.key_data, leaf)
+            wanted[name] = (tuple(leaf.shape), leaf.dtype)
+        for name, (shape, dtype) in wanted.items():
+            got_shape, got_dtype = stored[name]
+            if tuple(got_shape) != shape or jnp.dtype(got_dtype) != dtype:
+                raise CheckpointError(
+                    f"{source}: array {name!r} is stored as {jnp.dtype(got_dtype).name}"
+                    f"{list(got_shape)}, but the layout and the model want "
+                    f"{jnp.dtype(dtype).name}{list(shape)}: the record is damaged or was "
+                    "edited; restore another checkpoint, or delete this one"
+                )
+
+    def _vectors(self, source: str) -> dict[str, tuple[int, str]]:
+        """Each packed vector's size and dtype; raises unless every leaf is where `of`
+        would have put it (vectors numbered in order of first use, leaves back to back)."""
+        vectors: dict[str, tuple[int, str]] = {}
+        for index, ((name, at), shape, dtype) in enumerate(
+            zip(self.places, self.shapes, self.dtypes, strict=True)
+        ):
+            if name == f"l{index}" and at == 0:
+                continue
+            size, vector_dtype = vectors.get(name, (0, dtype))
+            known = name in vectors or name == f"p{len(vectors)}"
+            if not (known and at == size and dtype == vector_dtype and _plain(dtype)):
+                raise CheckpointError(
+                    f"the layout stored in {source} is damaged: leaf {self.paths[index]} "
+                    f"({dtype}{list(shape)}) is placed at {name}[{at}], where no save puts it; "
+                    "restore another checkpoint, or delete this one"
+                )
+            vectors[name] = (at + math.prod(shape), dtype)
+        return vectors
 
     def abstract(self, target: Any) -> dict[str, jax.ShapeDtypeStruct]:
         """The stored arrays' shapes, placed for restoring into `target` (a state of the
@@ -152,7 +250,7 @@ class Layout:
         dtype; `unpack` casts each leaf to its target's, as Orbax does for whole leaves.
 
         Raises:
-          ValueError: when `target`'s leaves differ from the stored ones.
+          CheckpointError: (a ValueError) when `target`'s leaves differ from the stored ones.
         """
         out: dict[str, jax.ShapeDtypeStruct] = {}
         vectors: dict[str, list[Any]] = {}  # name -> [size, dtype, replicated sharding]
@@ -186,10 +284,24 @@ class Layout:
         shardings = [leaf.sharding for leaf in leaves]
         return jax.tree.unflatten(treedef, jax.jit(unpack, out_shardings=shardings)(arrays))
 
-    def _check(self, target: Any) -> list[Any]:
+    def _check(self, target: Any, source: str = "") -> list[Any]:
         with_paths, _ = jax.tree_util.tree_flatten_with_path(target)
         paths = [jax.tree_util.keystr(path) for path, _ in with_paths]
         shapes = [tuple(leaf.shape) for _, leaf in with_paths]
+        dtypes = [str(leaf.dtype) for _, leaf in with_paths]
+        read = f" (read from {source})" if source else ""
+        if paths == self.paths and shapes == self.shapes and dtypes != self.dtypes:
+            differ = [
+                f"{path}: {stored} vs {wanted}"
+                for path, stored, wanted in zip(paths, self.dtypes, dtypes, strict=True)
+                if stored != wanted
+            ]
+            raise CheckpointError(
+                f"the checkpoint does not fit this model's state{read}: {len(differ)} leaves "
+                f"differ in dtype (path: stored dtype vs model dtype), e.g. "
+                f"{', '.join(differ[:4])}; restore into a model compiled with the same "
+                "optimizer and precision policy as the one saved"
+            )
         if paths != self.paths or shapes != self.shapes:
             stored = dict(zip(self.paths, self.shapes, strict=True))
             wanted = dict(zip(paths, shapes, strict=True))
@@ -197,9 +309,21 @@ class Layout:
                 k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k)
             )
             examples = ", ".join(f"{k}: {stored.get(k)} vs {wanted.get(k)}" for k in differ[:4])
-            raise ValueError(
-                f"the checkpoint does not fit this model's state: {len(differ)} leaves differ "
-                f"(path: stored shape vs model shape), e.g. {examples}; restore into a model "
-                "built and compiled like the one that was saved"
+            raise CheckpointError(
+                f"the checkpoint does not fit this model's state{read}: {len(differ)} leaves "
+                f"differ (path: stored shape vs model shape), e.g. {examples}; restore into a "
+                "model built and compiled like the one that was saved"
             )
         return [leaf for _, leaf in with_paths]
+
+
+def _is_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _plain(dtype: str) -> bool:
+    """Whether `dtype` names a dtype that packs into a vector (not a PRNG key)."""
+    try:
+        return not jax.dtypes.issubdtype(jnp.dtype(dtype), jax.dtypes.extended)
+    except Exception:  # a damaged record may name anything
+        return False

@@ -9,7 +9,7 @@ from typing import Any
 
 from phalanx._src.train.api.callbacks.base import Callback
 from phalanx._src.train.api.callbacks.monitor import lower_is_better
-from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
+from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer, close_for, open_for
 
 
 class ModelCheckpoint(Callback):
@@ -20,6 +20,11 @@ class ModelCheckpoint(Callback):
     when complete, so a crash never leaves a half-written checkpoint. Replicated state is
     written once, by one process. Restore with `TrainCheckpointer(directory).restore(model)`
     or `model.load_checkpoint(directory)`.
+
+    `fit` refuses a `directory` that is a file, cannot be written, is used by another
+    checkpoint callback of the same `fit` or by another job (a lock file names it), before
+    any training step. `max_to_keep` deletes only checkpoints: other files and folders in
+    `directory` are never touched.
 
     Args:
       directory: where checkpoints go.
@@ -62,8 +67,11 @@ class ModelCheckpoint(Callback):
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
         self._lower = lower_is_better(self.monitor, self.mode, self.model, "ModelCheckpoint")
-        self._checkpointer = TrainCheckpointer(self.directory, max_to_keep=self.max_to_keep)
+        close_for(self, self._checkpointer)  # the last fit was interrupted: give it back
+        self._checkpointer = None
+        self._checkpointer = open_for(self, self.directory, self.max_to_keep)
         self._last_saved = self.model.train_step_count
+        self.model.engine.remove_step_hook(self._on_steps)  # left by an interrupted fit
         if isinstance(self.save_freq, int):
             self.model.engine.add_step_hook(self._on_steps)
 
@@ -91,7 +99,12 @@ class ModelCheckpoint(Callback):
         if self.save_best_only and not self._improved(logs):
             return
         record = {"epoch": epoch, "logs": {k: float(v) for k, v in logs.items()}}
-        self._checkpointer.save(number, self.model.engine, record)
+        try:
+            self._checkpointer.save(number, self.model.engine, record)
+        except BaseException:  # a save that failed (a full disk): give the folder back
+            checkpointer, self._checkpointer = self._checkpointer, None
+            close_for(self, checkpointer)
+            raise
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         if self.save_freq == "epoch":
@@ -99,6 +112,5 @@ class ModelCheckpoint(Callback):
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
         self.model.engine.remove_step_hook(self._on_steps)
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-            self._checkpointer = None
+        checkpointer, self._checkpointer = self._checkpointer, None
+        close_for(self, checkpointer)

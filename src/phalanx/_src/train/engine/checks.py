@@ -1,6 +1,9 @@
 """Bad input at the model's boundary: clear errors before a batch reaches the compiled step.
 
-Three mistakes otherwise surface deep inside XLA, or not at all:
+Four mistakes otherwise surface deep inside XLA, or not at all:
+
+- batches without labels (x alone) for `fit`, `evaluate` or `validation_data`: the loss
+  had nothing to compare with and read 0.0, which EarlyStopping then trusted;
 
 - features whose shape does not fit the model (flax raises "dot_general requires contracting
   dimensions to have the same shape" from inside the step's trace);
@@ -41,6 +44,14 @@ if TYPE_CHECKING:
 
 _SHAPE_WORDS = re.compile(r"shape|dimension|rank|size", re.IGNORECASE)
 _KEY = "boundary_check"  # engine.cache[(_KEY, signature)] -> output spec
+# Who reads the data ('fit', 'validation', 'evaluate'): its name, and how to give it labels.
+_DATA_NAMES = {"fit": "fit's data", "validation": "validation_data", "evaluate": "evaluate's data"}
+_PASS_LABELS = {
+    "fit": "model.fit(x, y, ...), or a dataset yielding (x, y) batches",
+    "validation": "validation_data=(x_val, y_val), or a dataset yielding (x, y) batches",
+    "evaluate": "model.evaluate(x, y, ...), or a dataset yielding (x, y) batches "
+    "(model.predict(x) is the one that takes x alone)",
+}
 
 
 def _signature(x: Any) -> tuple:
@@ -199,13 +210,35 @@ def _check_sparse(labels: np.ndarray, classes: int, where: str) -> None:
         )
 
 
-def check_batch(engine: Engine, batch: Any) -> None:
+def require_labels(engine: Engine, x: Any, y: Any, phase: str) -> None:
+    """Raises a ValueError when `y` is None: every compiled model has a loss, which needs
+    labels (without them the loss would read 0.0).
+
+    Args:
+      engine: a compiled model's `Engine`.
+      x, y: the features and labels of a batch (or of all the arrays).
+      phase: who reads the data: 'fit', 'validation' or 'evaluate'.
+    """
+    if y is not None:
+        return
+    loss = getattr(engine.steps.loss, "name", None) or "the loss"
+    received = _describe(x) if x is not None else "nothing"
+    raise ValueError(
+        f"{_DATA_NAMES.get(phase, 'the data')} has no labels: each batch is x alone "
+        f"({received}), but the model's loss {loss!r} needs y_true (without it the loss "
+        f"would read 0.0). Pass the labels: {_PASS_LABELS.get(phase, _PASS_LABELS['fit'])}"
+    )
+
+
+def check_batch(engine: Engine, batch: Any, phase: str = "fit") -> None:
     """Checks one host batch (or all the arrays) at the model's boundary; see the module doc.
 
     Raises:
-      ValueError: features the model cannot take, or labels a sparse loss cannot use.
+      ValueError: no labels, features the model cannot take, or labels a sparse loss cannot
+        use.
     """
     x, y, _ = unpack(batch)
+    require_labels(engine, x, y, phase)
     if x is None or not jax.tree.leaves(x):
         return
     spec = output_spec(engine, x)
@@ -213,8 +246,10 @@ def check_batch(engine: Engine, batch: Any) -> None:
         check_labels(engine.steps.loss, y, spec)
 
 
-def check_data(engine: Engine, data: Any) -> bool:
+def check_data(engine: Engine, data: Any, phase: str = "fit") -> bool:
     """All the arrays of an in-memory dataset, once, before the first step.
+
+    `phase`: who reads the data ('fit', 'validation', 'evaluate'), for the messages.
 
     Returns:
       Whether `data` was one (its batches then need no `watch`).
@@ -230,6 +265,7 @@ def check_data(engine: Engine, data: Any) -> bool:
     batch = getattr(data, "batch_size", None)
     rows = batch if isinstance(batch, int) and batch > 0 else 1
     x, y, _ = unpack(arrays)
+    require_labels(engine, x, y, phase)
     if x is None or not jax.tree.leaves(x):
         return True
     # The forward is traced with one batch's shape; the labels are checked all at once.
@@ -250,9 +286,10 @@ class _Watched:
 
     boundary_checked = True  # seen through other wrappers' __getattr__ (see `watch`)
 
-    def __init__(self, engine: Engine, iterator: Iterator[Any]) -> None:
+    def __init__(self, engine: Engine, iterator: Iterator[Any], phase: str) -> None:
         self._engine = engine
         self._iterator = iterator
+        self._phase = phase
 
     def __iter__(self) -> _Watched:
         return self
@@ -260,7 +297,10 @@ class _Watched:
     def __next__(self) -> Any:
         batch = next(self._iterator)
         if _host(batch):
-            check_batch(self._engine, batch)
+            check_batch(self._engine, batch, self._phase)
+        else:  # on a device already: only its structure, which needs no wait
+            x, y, _ = unpack(batch)
+            require_labels(self._engine, x, y, self._phase)
         return batch
 
     def __getattr__(self, name: str) -> Any:  # get_state, set_state, close, checkpointable
@@ -269,9 +309,12 @@ class _Watched:
         return getattr(self._iterator, name)
 
 
-def watch(engine: Engine, iterator: Iterator[Any], source: Any, checked: bool) -> Iterator[Any]:
+def watch(
+    engine: Engine, iterator: Iterator[Any], source: Any, checked: bool, phase: str = "fit"
+) -> Iterator[Any]:
     """`iterator`, checking each host batch, unless its data was checked whole (`checked`)
-    or it yields row numbers into on-device arrays (`source`)."""
+    or it yields row numbers into on-device arrays (`source`). `phase`: who reads it ('fit',
+    'validation', 'evaluate'), for the messages."""
     if checked or source is not None or getattr(iterator, "boundary_checked", False):
         return iterator
-    return _Watched(engine, iterator)
+    return _Watched(engine, iterator, phase)

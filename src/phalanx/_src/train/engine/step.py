@@ -45,6 +45,17 @@ def unpack(batch: Any) -> tuple[Any, Any, Any]:
     return batch, None, None
 
 
+def _labels(y: Any, phase: str) -> Any:
+    """`y`, or a ValueError when a batch without labels reached a step that needs them (the
+    loops check the data first, see `checks.require_labels`; this catches any other way in)."""
+    if y is None:
+        raise ValueError(
+            f"a batch without labels reached the {phase} step: it is x alone, but the loss "
+            "needs y_true. Pass (x, y) batches, e.g. model.fit(x, y) or model.evaluate(x, y)"
+        )
+    return y
+
+
 def _row_weights(rows: int, sample_weight: Any) -> jax.Array:
     """Per-example float32 weights; trailing weight axes (per-timestep weights) averaged."""
     if sample_weight is None:
@@ -98,6 +109,7 @@ class Steps:
         of a small MLP's step on an H100) and BatchNorm takes its unmasked statistics.
         """
         x, y, sample_weight = unpack(batch)
+        y = _labels(y, "train")
         rows = jax.tree.leaves(batch)[0].shape[0]
         full = mask is None
         mask = jnp.ones((rows,), jnp.float32) if full else mask.astype(jnp.float32)
@@ -134,10 +146,11 @@ class Steps:
         Only `state["metrics"]` changes; the rest of `state` is returned as it came.
         """
         x, y, sample_weight = unpack(batch)
+        y = _labels(y, "test")
         mask = mask.astype(jnp.float32)
         sw = _row_weights(mask.shape[0], sample_weight)
         y_pred, _ = self.adapter.apply(state["params"], state["rest"], x, training=False, mask=mask)
-        per_example = None if y is None else self.loss(y, y_pred)
+        per_example = self.loss(y, y_pred)
         metrics = self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask)
         return {**state, "metrics": metrics}
 

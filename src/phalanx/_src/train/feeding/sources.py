@@ -30,10 +30,13 @@ def host_data(
     source `phalanx.data.as_batches` accepts."""
     if x is None:
         raise ValueError("no data: pass x (arrays or a dataset), e.g. model.fit(x_train, y_train)")
-    if y is None and sample_weight is None:
-        data = x
-    else:
-        data = tuple(v for v in (x, y, sample_weight) if v is not None)
+    if y is None and sample_weight is not None:
+        raise ValueError(
+            "sample_weight was given without labels y: the weights would be read as the "
+            f"labels (got sample_weight of shape {np.shape(sample_weight)}); pass both, e.g. "
+            "model.fit(x, y, sample_weight=w), or a dataset of (x, y, sample_weight) batches"
+        )
+    data = x if y is None else tuple(v for v in (x, y, sample_weight) if v is not None)
     if shuffle and seed is None:
         seed = int(np.random.SeedSequence().generate_state(1)[0])
     batches = as_batches(data, batch_size, shuffle=shuffle, seed=seed)

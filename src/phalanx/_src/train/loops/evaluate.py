@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from phalanx._src.data.adapters import as_batches
+from phalanx._src.train.api import fit_options
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
 from phalanx._src.train.engine import checks
 from phalanx._src.train.feeding import sources
@@ -33,12 +34,13 @@ def validation_source(validation_data: Any, batch_size: int | None) -> Iterable[
 
 
 def validation_logs(engine: Engine, data: tuple, steps: int | None) -> dict[str, float]:
-    """Fit's validation: the logs over `data` (`(batches, source)` from `on_devices`), with
-    no callback; the metric sums are zero again after."""
+    """Fit's validation: the logs over `data` (`(batches, source, checked)`: `on_devices`'s
+    pair and whether `checks.check_data` saw all of it), with no callback; the metric sums
+    are zero again after."""
     engine.reset_metrics()
     quiet = CallbackList([])
-    batches, source = data
-    iterator = iter(batches)
+    batches, source, checked = data
+    iterator = checks.watch(engine, iter(batches), source, checked, "validation")
     try:
         run_phase(
             engine,
@@ -79,17 +81,23 @@ def evaluate(
     Returns:
       `return_dict=True`: `{name: value}`. Otherwise, as Keras: the loss alone when there is
       no metric, else `[loss, *metrics]`.
+
+    Raises:
+      ValueError: before anything compiles, for data without labels (the loss needs them),
+        `steps` < 1, or features and labels the model cannot take (`checks`).
     """
     engine = model.engine
+    steps = fit_options.step_count(steps, "steps")
     host = sources.host_data(x, y, sample_weight, batch_size, shuffle=False, seed=None)
-    checked = checks.check_data(engine, host)  # shapes and labels, before anything compiles
+    # Shapes and labels, before anything compiles.
+    checked = checks.check_data(engine, host, "evaluate")
     data, source = sources.on_devices(engine.strategy, host, device_data)
     verbose = 1 if verbose == "auto" else verbose
     length = sources.length(data)
     cbs = CallbackList(callbacks, model=model, steps=steps or length, verbose=verbose)
     engine.reset_metrics()
     cbs.on_test_begin()
-    iterator = checks.watch(engine, iter(data), source, checked)
+    iterator = checks.watch(engine, iter(data), source, checked, "evaluate")
     try:
         run_phase(engine, "test", iterator, steps, cbs, None, source=source, steps_hint=length)
     finally:

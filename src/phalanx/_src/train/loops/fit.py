@@ -83,9 +83,13 @@ def fit(
       The `History` callback (`history.history` maps each log name to per-epoch values).
 
     Raises:
-      ValueError: for bad arguments or data, before anything is compiled.
+      ValueError: for bad arguments or data, before anything is compiled: data without
+        labels, a step count or `validation_freq` below 1, shapes or labels the model
+        cannot take (`engine.checks`).
     """
-    _check_arguments(epochs, prefetch, initial_epoch)
+    _check_arguments(epochs, prefetch, initial_epoch, validation_freq)
+    steps_per_epoch = fit_options.step_count(steps_per_epoch, "steps_per_epoch")
+    validation_steps = fit_options.step_count(validation_steps, "validation_steps")
     engine = model.engine
     if validation_split:
         (x, y, sample_weight), held_out = fit_options.validation_split(
@@ -96,7 +100,8 @@ def fit(
     if class_weight is not None:
         sample_weight = fit_options.class_weights(y, class_weight, sample_weight)
     host = sources.host_data(x, y, sample_weight, batch_size, shuffle, seed)
-    checked = checks.check_data(engine, host)  # shapes and labels, before anything compiles
+    # Shapes and labels, before anything compiles.
+    checked = checks.check_data(engine, host, "fit")
     data, source = sources.on_devices(engine.strategy, host, device_data)
     steps_known = steps_per_epoch or sources.length(data)
     if steps_known is None and _is_infinite(data):
@@ -106,8 +111,9 @@ def fit(
     val_data = None
     if validation_data is not None:
         val_source = validation_source(validation_data, validation_batch_size or batch_size)
-        checks.check_data(engine, val_source)  # in-memory validation arrays, before epoch 1
-        val_data = sources.on_devices(engine.strategy, val_source, device_data)
+        # In-memory validation arrays, before epoch 1; other datasets batch by batch.
+        val_checked = checks.check_data(engine, val_source, "validation")
+        val_data = (*sources.on_devices(engine.strategy, val_source, device_data), val_checked)
     verbose = 1 if verbose == "auto" else verbose
     cbs = CallbackList(
         callbacks,
@@ -130,9 +136,15 @@ def fit(
     return model.history
 
 
-def _check_arguments(epochs: Any, prefetch: Any, initial_epoch: Any) -> None:
+def _check_arguments(epochs: Any, prefetch: Any, initial_epoch: Any, validation_freq: Any) -> None:
     if not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    freq = validation_freq
+    if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+        raise ValueError(
+            f"validation_freq must be an int >= 1 (validate every N epochs), got "
+            f"{validation_freq!r}; e.g. validation_freq=1"
+        )
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError(f"prefetch must be an int >= 0 (0: no prefetch thread), got {prefetch!r}")
     if not 0 <= initial_epoch <= max(epochs, 0):
@@ -168,6 +180,7 @@ class _Epochs:
         self.in_flight = InFlight()  # across epochs: the next one's calls queue behind
         self.carried: Iterator[Any] | None = None  # an iterator read on by the next epoch
         self.carry: Carry | None = None  # the next epoch's first inputs, made by this one
+        self.finished: float | None = None  # when the last epoch's work was seen done
 
     def all(self, checked: bool) -> dict[str, float]:
         """Runs the epochs from `engine.position.epoch` (BackupAndRestore may have moved it
@@ -223,7 +236,7 @@ class _Epochs:
         engine = self.engine
         t0 = time.perf_counter()
         iterator, limit = self._iterator()
-        iterator = checks.watch(engine, iterator, self.source, checked)  # each batch, if not all
+        iterator = checks.watch(engine, iterator, self.source, checked, "fit")  # if not all
         iterator = flop_rate.watch(engine, iterator)  # keeps batch 1 for the FLOP count
         result = run_phase(
             engine,
@@ -252,7 +265,6 @@ class _Epochs:
         self.carried = None if exhausted else iterator
         if self.carried is None:
             sources.close(iterator)
-        elapsed = time.perf_counter() - t0
         val_data, freq, val_steps = self.validation
         validates = val_data is not None and (epoch + 1) % freq == 0
         end = _EpochEnd(
@@ -260,7 +272,7 @@ class _Epochs:
             epoch,
             engine.last_logs,  # the last call's logs, before the next reset
             result.steps,
-            elapsed,
+            t0,
             self.meter.epoch_summary()["input_wait_fraction"],
             iterator,
             val_data if validates else None,
@@ -288,7 +300,16 @@ class _Epochs:
 
 class _EpochEnd:
     """An epoch's end, run now or once the next epoch's first call is dispatched: its logs
-    (validating if due) after `on_epoch_end` got them."""
+    (validating if due) after `on_epoch_end` got them.
+
+    The epoch's time ends when its work is done, not when its last call is dispatched: up to
+    `MAX_IN_FLIGHT` calls of K steps may still be queued then (with K = 32, most of a short
+    epoch). Reading the last call's logs waits for that call, and so for every call before
+    it, so the clock stops once they are read; no step waits for the device for it. The
+    epoch's clock starts when the host starts it or when the last epoch's work was seen
+    done, whichever is later: its first calls queue behind the last epoch's, and the
+    devices run them only once those are done.
+    """
 
     def __init__(
         self,
@@ -296,7 +317,7 @@ class _EpochEnd:
         epoch: int,
         values: Any,
         steps: int,
-        elapsed: float,
+        started: float,
         wait: float,
         iterator: Iterator[Any],
         val_data: Any,
@@ -306,7 +327,7 @@ class _EpochEnd:
         self.epoch = epoch
         self.values = values  # the epoch's last call's log values
         self.steps = steps
-        self.elapsed = elapsed
+        self.started = started  # perf_counter() when the epoch began on the host
         self.wait = wait
         self.iterator = iterator
         self.val_data = val_data
@@ -317,10 +338,14 @@ class _EpochEnd:
         return self.val_data is not None
 
     def __call__(self) -> dict[str, float]:
-        engine = self.epochs.engine
-        logs = engine.fetch_logs(self.values)
-        examples = float(self.steps * _global_batch(self.epochs.data))
-        elapsed = self.elapsed
+        epochs = self.epochs
+        engine = epochs.engine
+        logs = engine.fetch_logs(self.values)  # waits for the epoch's last call
+        finished = time.perf_counter()
+        started = self.started if epochs.finished is None else max(self.started, epochs.finished)
+        epochs.finished = finished
+        elapsed = finished - started
+        examples = float(self.steps * _global_batch(epochs.data))
         logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
         logs["input_wait_fraction"] = self.wait
         logs.update(

@@ -42,6 +42,10 @@ class KerasLoss(Loss):
         self.implied_accuracy = _IMPLIED_ACCURACY.get(type(loss).__name__)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+        if y_pred.ndim == 1 and y_true.ndim <= 1:
+            # Keras's losses average the last axis, which for predictions of shape (batch,)
+            # is the batch itself: with a trailing axis of 1 they give one value per example.
+            y_true, y_pred = y_true.reshape(-1, 1), y_pred[:, None]
         reduction = self.keras_loss.reduction
         self.keras_loss.reduction = None
         try:
