@@ -99,6 +99,14 @@ _EXAMPLE_SECTIONS = """() => Array.from(document.querySelectorAll('.doc-section-
     })"""
 
 
+# Material says "Initializing search" in the results' header until its index is ready.
+_SEARCH_READY = """() => {
+    const meta = document.querySelector('.md-search-result__meta');
+    return meta !== null && meta.textContent.trim() !== ''
+        && !/initializing/i.test(meta.textContent);
+}"""
+
+
 def _heading(page) -> str:
     return page.locator("h1").first.inner_text().removesuffix("¶").strip()
 
@@ -142,9 +150,14 @@ def test_architecture_page_is_in_the_navigation(page, site_url):
 
 def test_search_finds_an_api_object(page, site_url):
     page.goto(site_url)
-    page.locator("input.md-search__input").fill("ModelCheckpoint")
+    search = page.locator("input.md-search__input")
+    search.click()
+    # The index is built in a worker; a query typed before it is ready can be lost, so wait
+    # for the worker first (slow on a busy machine).
+    page.wait_for_function(_SEARCH_READY, timeout=60_000)
+    search.press_sequentially("ModelCheckpoint")  # key events, as a reader types
     result = page.locator(".md-search-result__item a").first
-    result.wait_for(timeout=60_000)  # the index is built in a worker: slow on a busy machine
+    result.wait_for()
     assert "api/callbacks/" in result.get_attribute("href")
     result.click()
     page.wait_for_url(re.compile(re.escape(f"{site_url}api/callbacks/")))
