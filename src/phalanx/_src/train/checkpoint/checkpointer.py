@@ -301,12 +301,14 @@ class TrainCheckpointer:
         a finished run); nothing else in the folder. All processes must call it."""
         self.wait_until_finished()
         self.claim()
-        for step in self._files.steps():
-            if not self._files.is_ours(step) and self._manager is not None:
-                self._manager.delete(step)  # collective: Orbax agrees on it
-            elif jax.process_index() == 0:
-                self._files.delete(step)
+        if self._manager is not None:
+            # Orbax removes old steps in a thread of each process (max_to_keep): closing
+            # joins it, so none of its removals races the ones below.
+            manager, self._manager = self._manager, None
+            manager.close()
         if jax.process_index() == 0:
+            for step in self._files.steps():
+                self._files.delete(step)
             self._files.delete_leftovers()
 
     def close(self) -> None:
