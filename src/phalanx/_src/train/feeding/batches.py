@@ -12,7 +12,7 @@ class Groups:
 
     def __init__(self, source: Iterator[Any], k: int, limit: int | None) -> None:
         self._source = source
-        self._k = k
+        self.k = k  # batches per group
         self._left = limit
         self.checkpointable = bool(getattr(source, "checkpointable", False))
         self.exhausted = False
@@ -22,7 +22,7 @@ class Groups:
 
     def __next__(self) -> list[Any]:
         group: list[Any] = []
-        while len(group) < self._k and (self._left is None or self._left > 0):
+        while len(group) < self.k and (self._left is None or self._left > 0):
             try:
                 group.append(next(self._source))
             except StopIteration:
@@ -49,13 +49,13 @@ class Groups:
             for group in itertools.islice(self, count):
                 out.append((group, self.get_state() if self.checkpointable else None))
             return out
-        wanted = count * self._k if self._left is None else min(count * self._k, self._left)
+        wanted = count * self.k if self._left is None else min(count * self.k, self._left)
         batches = self._source.next_many(wanted) if wanted else []
         if len(batches) < wanted:
             self.exhausted = True
         if self._left is not None:
             self._left -= len(batches)
-        groups = [batches[i : i + self._k] for i in range(0, len(batches), self._k)]
+        groups = [batches[i : i + self.k] for i in range(0, len(batches), self.k)]
         if not self.checkpointable:
             return [(group, None) for group in groups]
         left = len(batches)

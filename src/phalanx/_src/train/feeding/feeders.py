@@ -18,8 +18,8 @@ Both report `get_state()`: the source's position after the last item handed out,
 checkpoint resumes exactly.
 
 Example:
-  >>> with ResidentFeeder(Groups(iter(indices), k, None), runner.fill, runner.table_groups(),
-  ...                     k) as feeder:
+  >>> with ResidentFeeder(Groups(iter(indices), k, None), runner.fill,
+  ...                     runner.table_groups()) as feeder:
   ...     for item in feeder:
   ...         tick = runner.bind(item)()
   ...         feeder.advance()       # the next input is made while the devices run
@@ -133,7 +133,6 @@ class ResidentFeeder:
       groups: the host iterator's batches, K at a time.
       fill: makes the items of some groups; see `Fill`.
       per_fill: groups per fill.
-      k: batches per group (for the next epoch's groups).
       ahead: this epoch's first fill, made by the last epoch's feeder.
       then: `(iterator, limit)` of the next epoch, when it reads on from this iterator.
     """
@@ -143,14 +142,12 @@ class ResidentFeeder:
         groups: Groups,
         fill: Fill,
         per_fill: int,
-        k: int,
         ahead: Carry | None = None,
         then: tuple[Any, int] | None = None,
     ) -> None:
         self._groups = groups
         self._fill = fill
         self._per_fill = per_fill
-        self._k = k
         self._then = then
         self.carry: Carry | None = None
         self.checkpointable = groups.checkpointable
@@ -194,12 +191,12 @@ class ResidentFeeder:
         if then is None or self._groups.exhausted:
             return
         iterator, limit = then
-        groups = Groups(iterator, self._k, limit)
+        groups = Groups(iterator, self._groups.k, limit)
         start = groups.get_state() if groups.checkpointable else None
         taken = groups.take(self._per_fill)
         if taken:
             batches = sum(len(group) for group, _ in taken)
-            self.carry = Carry(iterator, self._k, batches, self._fill(taken), start)
+            self.carry = Carry(iterator, self._groups.k, batches, self._fill(taken), start)
 
     def __next__(self) -> Any:
         if not self._items:  # else `advance` has nothing to do (the loop calls it each step)

@@ -129,7 +129,7 @@ def fit(
     engine.position.start(initial_epoch)
     validation = (val_data, validation_freq, validation_steps)
     run = _Epochs(engine, cbs, data, source, steps_per_epoch, steps_known, epochs, prefetch)
-    run.validation = validation
+    run.validation = validation  # (data or None, every N epochs, steps)
     cbs.on_train_begin()
     epoch_logs = run.all(checked)
     cbs.on_train_end(epoch_logs)

@@ -142,7 +142,7 @@ def run_phase(
     feed: Feeder
     if resident:
         then = None if next_limit is None or phase != "train" else (iterator, next_limit)
-        feed = ResidentFeeder(groups, runner.fill, runner.table_groups(), k, ahead, then)
+        feed = ResidentFeeder(groups, runner.fill, runner.table_groups(), ahead, then)
     else:
         feed = HostFeeder(groups, runner.put, prefetch)
     advance = feed.advance

@@ -76,7 +76,7 @@ def predict(
     iterator = iter(data)
     batches: Feeder
     if source is not None:  # one group ahead, made in this thread between calls
-        batches = ResidentFeeder(Groups(iterator, k, steps), _one_each(put), 1, k)
+        batches = ResidentFeeder(Groups(iterator, k, steps), _one_each(put), 1)
     else:  # host batches, one by one, made and sent ahead in a thread, overlapping the calls
         batches = HostFeeder(Groups(iterator, 1, steps), put, prefetch=2)
     index = 0
