@@ -5,6 +5,8 @@
     python benchmarks/bench_fit.py --batch 16      # host-bound steps: the loop's own cost
     python benchmarks/bench_fit.py --restart       # time to first step, cold vs warm cache
     python benchmarks/bench_fit.py --predict       # predict against a jitted forward loop
+    python benchmarks/bench_fit.py --memory        # peak memory, a fresh process a variant
+    python benchmarks/bench_fit.py --layouts       # device-resident data's layouts
 
 The workload is the first seed's MLP (784-128-10, Adam 1e-3, global batch 1024) on 51,200
 random examples (`Dataset.from_tensor_slices((x, y)).repeat().batch(1024)`: 50 steps an
@@ -32,18 +34,75 @@ spell that spans a round, which the best-of ratios are not). Keras 3 `fit`
 (KERAS_BACKEND=jax) runs too on one device when keras is installed (an optional
 benchmark dependency; `--no-keras` skips it).
 
-Every variant is timed after its own compile/warm-up call, in interleaved rounds (sol,
-sol-index, sol-lag, fit, ..., keras, sol, ...) because the machine is shared. "steady ex/s"
-counts the examples between the ends of the first and the last execution of the timed
-call (set-up excluded, epoch boundaries included); "median-step ex/s" is the rate at the
-median interval between consecutive executions (blind to the odd stall another job
-causes, but also to fit's epoch boundaries: 0.4 ms per 50 steps on one device, 1-2 ms on
-8); "whole-call ex/s" times the whole call (for fit, its set-up too: placing the dataset on
-the devices and cutting its blocks, callbacks). Each gives the best round, with the range
-over the rounds for the steady rate. "first step" is the time from building the model to
-the end of its first step, compile included (persistent cache off here; `--restart`
-measures it).
-Each device count runs in its own process.
+Every variant makes one cold call per round (a fresh model: compile, data placement and
+callbacks included; persistent compilation cache off), in interleaved rounds (sol, ...,
+fit, ..., keras, sol, ...) because the machine is shared, and reports (issue 23):
+"steady ex/s", the rate after the first epoch (end of its last execution to the call's
+last); "all-after-first ex/s", the rate over every execution after the first (epoch
+boundaries, the FLOP count, the first epoch included); "median-step ex/s", at the median
+interval between executions; "whole call s", from `fit()` (for the loops: from placing
+their data) to return; "first execution s", from the same start to the end of the first
+execution; "peak host MiB", the call's peak resident memory above the process's at its
+start, sampled every 2 ms (and the devices' bytes in use where the backend reports them,
+else n/a). Each is the best round's, with "paired": the median over rounds of the
+figure over the same round's sol. In-process memory is a delta that another variant's
+freed pages can hide; `--memory` runs each variant in a fresh process and gives its
+high-water mark (`ru_maxrss`) and the devices' `peak_bytes_in_use`:
+
+    python benchmarks/bench_fit.py --memory --steps 50   # peak memory, fresh processes
+
+Each device count runs in its own process. The tables below before "Issue 23" come from
+the earlier format (steady rates of a second, warm call; "1st" from building the model).
+
+Issue 23, 2026-11-25 17:05-17:17 UTC, machine load 10-12 on 2 cores (the lead and four
+helpers running tests): timings are 3-10x below a quiet machine's and within noise of
+each other; the memory figures do not depend on the load. `python benchmarks/bench_fit.py
+--no-keras --variants sol,fit --rounds 2 --devices N --steps 100`, this code ("new") and
+the commit before it ("base", `PYTHONPATH` of its `git archive`); in-process peak host
+memory above the call's start, MiB:
+
+| dev | K | sol base | fit base | sol new | fit new |
+|---|---|---|---|---|---|
+| 1 | 1 | 6 | 298 | 30 | 16 |
+| 1 | 50 | 153 | 613 | 162 | 161 |
+| 8 | 1 | 48 | 1,235 | 44 | 1 |
+| 8 | 50 | 153 | 1,685 | 134 | 22 |
+
+(XLA:CPU may alias a host array's pages instead of copying them, so a call's delta can be
+near 0; `--memory` below has the high-water marks.)
+
+Timings, this code, `--rounds 3 --steps 100` (17:24-17:30, load 6-10), paired ratios fit
+/ sol (best rounds' seconds in brackets):
+
+| dev | K | steady | all-after-first | whole call | first execution |
+|---|---|---|---|---|---|
+| 1 | 1 | 0.67 | 0.76 | 1.23 (2.72 / 2.03) | 1.18 (1.76 / 1.28) |
+| 1 | 50 | 1.31 | 1.31 | 1.02 (14.6 / 11.8) | 1.70 (4.56 / 2.43) |
+| 8 | 1 | 1.97 | 1.60 | 0.88 (2.71 / 4.02) | 1.27 (1.59 / 2.58) |
+| 8 | 50 | 1.17 | 1.17 | 0.98 (16.9 / 17.3) | 1.71 (4.64 / 2.72) |
+
+Rounds of one variant differed by up to 2x under that load: these say nothing finer than
+"the same order". Timed back to back in one process instead (`speed_of_light` then
+`with_fit`, K=50, two rounds, load 5-6), the first execution took 3.19 / 2.85 s and 4.25 /
+3.84 s on one device (1.12, 1.11), 2.65 / 3.38 s and 1.58 / 1.65 s on 8 (0.78, 0.96):
+before fit's first step XLA compiles one program, the train call (2.1-3.0 s against the
+loop's 1.9-2.5 s on one device), after tracing it (0.35 s against 0.11 s) and the
+model's forward pass for the boundary check (5 ms).
+`python benchmarks/bench_fit.py --memory --steps 50` (fresh processes, 17:18-17:24, the
+process held 308 MiB before each call: interpreter, JAX, the 157 MiB of host arrays);
+peak host MiB, base then new:
+
+| dev | K | sol | fit base | / sol | fit new | / sol |
+|---|---|---|---|---|---|---|
+| 1 | 1 | 628-629 | 814 | 1.30 | 634 | 1.01 |
+| 1 | 50 | 647-661 | 1,387 | 2.10 | 670 | 1.03 |
+| 8 | 1 | 647-653 | 1,914 | 2.96 | 656 | 1.00 |
+| 8 | 50 | 658-661 | 2,483 | 3.78 | 684 | 1.03 |
+
+Base held the dataset replicated on every device, a second copy in blocks at K=50, and
+lowered the step closed over the dataset to look for a convolution; new places the blocks
+from the host arrays and the replicated source only for batches that need a gather. XLA:CPU
+reports no device memory ("n/a"); there the devices' buffers are host memory.
 
 Results on 2 CPU cores (XLA:CPU fake devices, jax 0.10.2), 2026-11-25, with a loss read
 releasing the calls queued before it (`phase.InFlight.read`), the three variants the issue
@@ -213,6 +272,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -278,10 +338,82 @@ def _steady(ends: list[float], k: int) -> tuple[float, float]:
     return (len(ends) - 1) * k * BATCH / (ends[-1] - ends[0]), k * BATCH / gaps[len(gaps) // 2]
 
 
-def speed_of_light(
-    x, y, k: int, steps: int, split: bool = True, lag: bool = False
-) -> tuple[float, float, float]:
-    """(steady examples/s, whole-run examples/s, seconds to the first step).
+def _timings(start: float, ends: list[float], done: float, k: int, memory: dict) -> dict:
+    """One cold call's figures: `start` when it began (before its data placement), `ends`
+    each execution's end, `done` when it returned.
+
+    rate: ex/s after the first epoch (from the end of its last execution to the call's
+    last); all: ex/s over every execution after the first (epoch boundaries, the FLOP
+    count, the first epoch's warm-up included); median: at the median interval; whole: the
+    call's seconds, compile and placement included; first: seconds to the end of the first
+    execution; host_mib / device_mib: the call's peak memory above what the process held
+    before it (device: None where the backend reports none)."""
+    epoch = max(1, STEPS // k)  # executions in an epoch
+    after = ends[epoch - 1 :] if len(ends) > epoch else ends
+    rate = (len(after) - 1) * k * BATCH / (after[-1] - after[0])
+    every, median = _steady(ends, k)
+    return {"rate": rate, "all": every, "median": median, "whole": done - start,
+            "first": ends[0] - start, **memory}  # fmt: skip
+
+
+class PeakMemory:
+    """The peak resident memory (and devices' bytes in use, where reported) above the level
+    at entry, sampled every 2 ms by a thread while the block runs."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self._devices = jax.local_devices()
+        self.result: dict = {}
+
+    @staticmethod
+    def _host() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _device(self) -> int | None:
+        total = 0
+        for device in self._devices:
+            stats = device.memory_stats()
+            if not stats or "bytes_in_use" not in stats:
+                return None
+            total += stats["bytes_in_use"]
+        return total
+
+    def __enter__(self) -> PeakMemory:
+        import gc
+        import threading
+
+        gc.collect()  # the last variant's garbage is not this one's memory
+        self._base = (self._host(), self._device())
+        self._peak = list(self._base)
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.002):
+                self._note()
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _note(self) -> None:
+        host, device = self._host(), self._device()
+        self._peak[0] = max(self._peak[0], host)
+        if device is not None:
+            self._peak[1] = max(self._peak[1], device)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._note()
+        mib = 2**20
+        device = None if self._base[1] is None else (self._peak[1] - self._base[1]) / mib
+        self.result = {"host_mib": (self._peak[0] - self._base[0]) / mib, "device_mib": device}
+
+
+def speed_of_light(x, y, k: int, steps: int, split: bool = True, lag: bool = False) -> dict:
+    """The hand-written loop's `_timings`: from placing its data to its last loss read.
 
     `split`: the dataset is placed as one data-sharded array per batch (per group of K
     batches at K > 1) and the call takes batch i's arrays, with no copy on the devices
@@ -298,6 +430,9 @@ def speed_of_light(
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    graphdef, params = nnx.split(_mlp())
+    tx = optax.adam(1e-3)
+    memory = PeakMemory().__enter__()
     start = time.perf_counter()
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     repl = NamedSharding(mesh, P())
@@ -311,8 +446,6 @@ def speed_of_light(
         on = NamedSharding(mesh, P(None, "data"))
         whole = (jax.device_put(x.reshape(STEPS, BATCH, 784), on),
                  jax.device_put(y.reshape(STEPS, BATCH), on))  # fmt: skip
-    graphdef, params = nnx.split(_mlp())
-    tx = optax.adam(1e-3)
     # The state crosses the jit boundary as a flat list of arrays: NNX's Variables would cost
     # a Python flatten callback each, at every call.
     leaves, treedef = jax.tree.flatten((params, tx.init(params), jnp.zeros((), jnp.int32)))
@@ -352,11 +485,9 @@ def speed_of_light(
     batches = data if split else [whole]
     state, loss = run(state, batches[0])
     float(loss)
-    first = time.perf_counter() - start
-    t0 = time.perf_counter()
-    ends = []
+    ends = [time.perf_counter()]
     pending = None  # sol-lag: the loss not read yet
-    for i in range(steps // k):
+    for i in range(1, steps // k):
         state, loss = run(state, batches[i % len(batches)])
         if lag:  # read the last execution's loss, now that this one is queued
             loss, pending = pending, loss
@@ -366,13 +497,13 @@ def speed_of_light(
     if pending is not None:
         float(pending)
         ends.append(time.perf_counter())
-    return _steady(ends, k), steps * BATCH / (ends[-1] - t0), first
+    done = time.perf_counter()
+    memory.__exit__()
+    return _timings(start, ends, done, k, memory.result)
 
 
-def with_fit(
-    x, y, k: int, steps: int, verbose: int, async_safe: bool = False
-) -> tuple[float, float, float]:
-    """fit's (steady examples/s, whole-call examples/s, seconds to the first step).
+def with_fit(x, y, k: int, steps: int, verbose: int, async_safe: bool = False) -> dict:
+    """fit's `_timings`: one call on a freshly compiled model, from `fit()` to its return.
 
     `async_safe`: the loss reader says so (Keras's flag), so fit may run its hook once the
     next execution is dispatched."""
@@ -388,7 +519,6 @@ def with_fit(
             self.loss = logs["loss"]
             self.ends.append(time.perf_counter())
 
-    start = time.perf_counter()
     strategy = phalanx.Strategy()
     with strategy.scope():
         model = phalanx.Model(_mlp())
@@ -399,20 +529,19 @@ def with_fit(
         )
     ds = phalanx.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH)
     out = open(os.devnull, "w") if verbose else None  # noqa: SIM115
-    with contextlib.redirect_stdout(out) if out else contextlib.nullcontext():
-        warm = ReadLoss()
-        model.fit(ds, epochs=1, steps_per_epoch=STEPS, verbose=verbose, callbacks=[warm])
-        read = ReadLoss()
-        t0 = time.perf_counter()
+    read = ReadLoss()
+    quiet = contextlib.redirect_stdout(out) if out else contextlib.nullcontext()
+    with quiet, PeakMemory() as memory:
+        start = time.perf_counter()
         model.fit(ds, epochs=steps // STEPS, steps_per_epoch=STEPS, verbose=verbose,
                   callbacks=[read])  # fmt: skip
-        whole = steps * BATCH / (time.perf_counter() - t0)
+        done = time.perf_counter()
     if out:
         out.close()
-    return _steady(read.ends, k), whole, warm.ends[0] - start
+    return _timings(start, read.ends, done, k, memory.result)
 
 
-def with_keras(x, y, k: int, steps: int) -> tuple[float, float, float]:
+def with_keras(x, y, k: int, steps: int) -> dict:
     """Keras 3 fit on JAX, same model/optimizer/data (DataParallel on several devices)."""
     import jax
     import keras
@@ -426,7 +555,6 @@ def with_keras(x, y, k: int, steps: int) -> tuple[float, float, float]:
             self.loss = float(logs["loss"])
             self.ends.append(time.perf_counter())
 
-    start = time.perf_counter()
     if jax.device_count() > 1:
         keras.distribution.set_distribution(keras.distribution.DataParallel())
     model = keras.Sequential(
@@ -438,14 +566,13 @@ def with_keras(x, y, k: int, steps: int) -> tuple[float, float, float]:
         steps_per_execution=k,
         jit_compile=True,
     )
-    warm = ReadLoss()
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[warm])
     read = ReadLoss()
-    t0 = time.perf_counter()
-    model.fit(x, y, batch_size=BATCH, epochs=steps // STEPS, shuffle=False, verbose=0,
-              callbacks=[read])  # fmt: skip
-    whole = steps * BATCH / (time.perf_counter() - t0)
-    return _steady(read.ends, steps // len(read.ends)), whole, warm.ends[0] - start
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=BATCH, epochs=steps // STEPS, shuffle=False, verbose=0,
+                  callbacks=[read])  # fmt: skip
+        done = time.perf_counter()
+    return _timings(start, read.ends, done, steps // len(read.ends), memory.result)
 
 
 def _has_keras() -> bool:
@@ -482,16 +609,31 @@ def child(args: argparse.Namespace) -> None:
         variants["keras"] = lambda k, n: with_keras(x, y, k, n)
     if args.variants:
         variants = {name: fn for name, fn in variants.items() if name in args.variants}
+    if args.memory:  # one variant, one cold call, in this fresh process: its peak memory
+        import resource
+
+        def host() -> float:  # the process's high-water mark (Linux: KiB)
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+        (k,) = args.steps_per_execution
+        (name,) = variants
+        held = host()  # the interpreter, JAX and the host arrays
+        variants[name](k, args.steps * (10 if k > 1 else 1))
+        stats = [d.memory_stats() for d in jax.local_devices()]
+        device = None  # as phalanx.report.memory: None where a device reports nothing
+        if all(st and "peak_bytes_in_use" in st for st in stats):
+            device = sum(st["peak_bytes_in_use"] for st in stats) / 2**20
+        row = {"k": k, "variant": name, "before": held, "host": host(), "device": device}
+        print("RESULT " + json.dumps([row]))
+        return
     rows = []
     for round_ in range(args.rounds):
         for k in args.steps_per_execution:
             steps = args.steps * (10 if k > 1 else 1)  # K=50: enough executions to time
             for name, fn in variants.items():
-                (rate, median), whole, first = fn(k, steps)
-                row = {"k": k, "variant": name, "rate": rate, "median": median}
-                row.update(whole=whole, first=first)
+                row = {"k": k, "variant": name, **fn(k, steps)}
                 rows.append({**row, "round": round_})
-                print(f"# {args.devices[0]} dev K={k} {name}: {rate:,.0f}", file=sys.stderr)
+                print(f"# {args.devices[0]} dev K={k} {name}: {row}", file=sys.stderr)
     print("RESULT " + json.dumps(rows))
 
 
@@ -503,13 +645,28 @@ def _run_child(flags: list[str], env: dict | None = None) -> list[dict]:
     return json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
 
 
+def _best(rows: list[dict], key: str, high: bool) -> float:
+    values = [r[key] for r in rows]
+    return max(values) if high else min(values)
+
+
+def _paired(rows: list[dict], sol: dict, key: str) -> str:
+    """The median over rounds of `key` over the same round's sol's."""
+    ratios = [r[key] / sol[r["round"]][key] for r in rows if sol[r["round"]][key]]
+    return f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+
+
 def fit_table(args: argparse.Namespace) -> None:
+    # Each figure: the best round's (rates: highest; seconds and memory: lowest), then
+    # "paired": the median over rounds of the variant's figure over the same round's "sol"
+    # (robust to a slow spell that spans a round). Each call is a cold one (compile and
+    # data placement included; the persistent compilation cache is off).
     print(
-        "| devices | K | variant | steady ex/s (best) | range over rounds | / sol | / fastest | "
-        "paired | median-step ex/s (best) | / sol | whole-call ex/s (best) | / sol | first step s |"
+        "| devices | K | variant | steady ex/s | paired | all-after-first ex/s | paired | "
+        "median-step ex/s | whole call s | paired | first execution s | paired | "
+        "peak host MiB | paired | peak device MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    # Compile-inclusive first steps: no persistent cache here (see --restart for it).
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     env = {**os.environ, "PHALANX_COMPILATION_CACHE": "0"}
     for devices in args.devices or [1, 8]:
         flags = ["--devices", str(devices), "--rounds", str(args.rounds)]
@@ -522,33 +679,128 @@ def fit_table(args: argparse.Namespace) -> None:
             flags += ["--variants", ",".join(args.variants)]
         rows = _run_child(flags, env)
         for k in args.steps_per_execution:
+            sol = {r["round"]: r for r in rows if r["k"] == k and r["variant"] == "sol"}
             for name in dict.fromkeys(r["variant"] for r in rows):
-                # Ratios: to the fastest hand-written loop that reads the loss as this
-                # variant's callbacks do (before the next dispatch, or after it), whichever
-                # it was; the steady rate also to the fastest loop of all.
-                deferred = "async" in name or "lag" in name
-                sol = [r for r in rows if r["k"] == k and r["variant"].startswith("sol")]
-                same = [r for r in sol if deferred or "lag" not in r["variant"]]
-                best = {key: max(r[key] for r in same) for key in ("rate", "median", "whole")}
-                fastest = max(r["rate"] for r in sol)
                 mine = [r for r in rows if r["k"] == k and r["variant"] == name]
-                rates = [r["rate"] for r in mine]
-                # Paired: each round's rate over its own round's loop, the median of those.
-                paired = statistics.median(
-                    r["rate"] / max(s["rate"] for s in same if s["round"] == r["round"])
-                    for r in mine
-                )
-                median = max(r["median"] for r in mine)
-                whole = max(r["whole"] for r in mine)
+                best = functools.partial(_best, mine)
+                paired = functools.partial(_paired, mine, sol)
+
+                device = [r["device_mib"] for r in mine]
+                device_text = "n/a" if None in device else f"{min(device):,.0f}"
                 print(
-                    f"| {devices} | {k} | {name} | {max(rates):,.0f} | "
-                    f"{min(rates):,.0f}-{max(rates):,.0f} | {max(rates) / best['rate']:.2f} | "
-                    f"{max(rates) / fastest:.2f} | {paired:.2f} | "
-                    f"{median:,.0f} | {median / best['median']:.2f} | "
-                    f"{whole:,.0f} | {whole / best['whole']:.2f} | "
-                    f"{min(r['first'] for r in mine):.2f} |",
+                    f"| {devices} | {k} | {name} | {best('rate', True):,.0f} | {paired('rate')} | "
+                    f"{best('all', True):,.0f} | {paired('all')} | {best('median', True):,.0f} | "
+                    f"{best('whole', False):.2f} | {paired('whole')} | "
+                    f"{best('first', False):.2f} | {paired('first')} | "
+                    f"{best('host_mib', False):,.0f} | {paired('host_mib')} | {device_text} |",
                     flush=True,
                 )
+
+
+def memory_table(args: argparse.Namespace) -> None:
+    """Each variant's peak memory in a fresh process: the process's high-water mark, so no
+    variant's memory hides in another's freed pages (in-process figures are deltas)."""
+    print("| devices | K | variant | host MiB before the call | peak host MiB | / sol | "
+          "peak device MiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    env = {**os.environ, "PHALANX_COMPILATION_CACHE": "0"}
+    for devices in args.devices or [1, 8]:
+        for k in args.steps_per_execution:
+            rows = {}
+            for name in args.variants or ("sol", "fit"):
+                flags = ["--devices", str(devices), "--steps-per-execution", str(k)]
+                flags += ["--steps", str(args.steps), "--batch", str(args.batch), "--no-keras"]
+                flags += ["--memory", "--variants", name]
+                rows[name] = row = _run_child(flags, env)[0]
+                device = "n/a" if row["device"] is None else f"{row['device']:,.0f}"
+                print(
+                    f"| {devices} | {k} | {name} | {row['before']:,.0f} | {row['host']:,.0f} | "
+                    f"{row['host'] / rows['sol']['host']:.2f} | {device} |",
+                    flush=True,
+                )
+
+
+def layouts_child(args: argparse.Namespace) -> None:
+    """Device-resident data's candidate layouts (docs/architecture.md, "A batch's way"): the
+    train step's time and the data's bytes on the devices, each layout alone."""
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices[0])
+    import numpy as np
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    x, y = _data()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    repl, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    graphdef, params = nnx.split(_mlp())
+    tx = optax.adam(1e-3)
+    leaves, treedef = jax.tree.flatten((params, tx.init(params)))
+    leaves = [np.asarray(leaf) for leaf in leaves]
+
+    def train(state, xb, yb):
+        params, opt = jax.tree.unflatten(treedef, state)
+
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(xb)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return jax.tree.leaves((optax.apply_updates(params, updates), opt)), loss
+
+    def gathered(state, source, index):
+        xb, yb = (jax.lax.with_sharding_constraint(a[index], rows) for a in source)
+        return train(state, xb, yb)
+
+    def on_devices() -> int:
+        return sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards)
+
+    order = np.random.default_rng(0).permutation(ROWS).astype(np.int32)
+    indices = [jax.device_put(order[i * BATCH : (i + 1) * BATCH], repl) for i in range(STEPS)]
+
+    def blocks() -> list:
+        return [
+            tuple(jax.device_put(a[i * BATCH : (i + 1) * BATCH], rows) for a in (x, y))
+            for i in range(STEPS)
+        ]
+
+    layouts = {
+        "blocks": (blocks, lambda d, i: d[i], train),
+        "replicated, gathered": (
+            lambda: (jax.device_put(x, repl), jax.device_put(y, repl)),
+            lambda d, i: (d, indices[i]),
+            gathered,
+        ),
+        "sharded, gathered": (
+            lambda: (jax.device_put(x, rows), jax.device_put(y, rows)),
+            lambda d, i: (d, indices[i]),
+            gathered,
+        ),
+    }
+    ready, out = {}, {}
+    for name, (place, args_of, fn) in layouts.items():
+        base = on_devices()
+        data = place()
+        out[name] = {"layout": name, "mib": (on_devices() - base) / 2**20, "ms": float("inf")}
+        step = jax.jit(fn, donate_argnums=0, out_shardings=(repl, repl))
+        state, loss = step(jax.device_put(leaves, repl), *args_of(data, 0))
+        float(loss)
+        ready[name] = [step, state, data, args_of]
+    for _ in range(args.rounds):  # interleaved: a slow spell hits every layout alike
+        for name, entry in ready.items():
+            step, state, data, args_of = entry
+            t0 = time.perf_counter()
+            for i in range(STEPS):
+                state, loss = step(state, *args_of(data, i))
+                float(loss)
+            entry[1] = state
+            ms = (time.perf_counter() - t0) / STEPS * 1e3
+            out[name]["ms"] = min(out[name]["ms"], ms)
+    out = list(out.values())
+    print("RESULT " + json.dumps(out))
 
 
 def restart_child(args: argparse.Namespace) -> None:
@@ -673,10 +925,20 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--restart", nargs="?", const="table", choices=["table", "mlp", "cnn"])
     parser.add_argument("--predict", action="store_true")
+    parser.add_argument(
+        "--memory", action="store_true", help="peak memory, each variant in a fresh process"
+    )
+    parser.add_argument(
+        "--layouts", action="store_true", help="device-resident data's layouts, timed alone"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.steps_per_execution = args.steps_per_execution or [1, 50]
-    if args.variants and (not set(args.variants) <= set(VARIANTS) or "sol" not in args.variants):
+    if (
+        args.variants
+        and not args.child
+        and (not set(args.variants) <= set(VARIANTS) or "sol" not in args.variants)
+    ):
         parser.error(f"--variants {','.join(args.variants)}: name sol and any of {VARIANTS}")
     if args.restart == "table":
         restart_table()
@@ -684,8 +946,20 @@ def main(argv: list[str]) -> int:
         restart_child(args)
     elif args.predict:
         (predict_child if args.child else predict_table)(args)
+    elif args.layouts:
+        if args.child:
+            layouts_child(args)
+            return 0
+        print("| devices | layout | data on the devices MiB | step ms (best round) |")
+        print("|---|---|---|---|")
+        for devices in args.devices or [8]:
+            flags = ["--layouts", "--devices", str(devices), "--rounds", str(args.rounds)]
+            for row in _run_child(flags):
+                print(f"| {devices} | {row['layout']} | {row['mib']:,.0f} | {row['ms']:.2f} |")
     elif args.child:
         child(args)
+    elif args.memory:
+        memory_table(args)
     else:
         fit_table(args)
     return 0

@@ -25,6 +25,16 @@ Section "fit": phalanx's fit on a pipeline whose map sleeps about as long as the
 step (measured first on this machine), with prefetch=0 (batches made in the loop's thread)
 and the default prefetch: the input-wait fraction fit reports and the time per step.
 
+Section "maps": three per-example maps over 40x40x3 images (Python-bound NumPy as
+augmentation code is, GIL-releasing LAPACK, an I/O-like 1 ms wait), each run sequentially,
+with num_parallel_calls=AUTOTUNE (threads; the level it settled on is shown) and with 1
+and 2 process workers: examples/s of the pipeline alone, after 3 warm-up epochs (worker
+start-up, AUTOTUNE's measuring), best of interleaved epochs.
+
+Section "images": the file-based pipeline (PNG digits written to a temporary folder,
+image_dataset_from_directory, which decodes with AUTOTUNE): examples/s alone, and fit of a
+small CNN fed by it, with the input-wait fraction fit reports.
+
 New sections register themselves in SECTIONS.
 """
 
@@ -38,10 +48,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grain  # noqa: F401  (imported up front so "first ms" times the pipeline, not the import)
-import numpy as np
+# One BLAS thread per process, as data-loading workers run: the GIL-releasing map's LAPACK
+# calls are then parallelised by the pipeline's workers, not by BLAS threads that spin
+# against them (on 2 busy cores, that made each call ~10x slower). Set before NumPy loads.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
-from phalanx.data import Dataset, DevicePrefetcher, InputWaitMeter
+import grain  # noqa: E402, F401  (imported up front: "first ms" times the pipeline, not this)
+import numpy as np  # noqa: E402
+
+from phalanx.data import Dataset, DevicePrefetcher, InputWaitMeter  # noqa: E402
 
 BATCH = 1024
 
@@ -202,6 +218,130 @@ def section_fit(args: argparse.Namespace) -> None:
         print(f"{name:<26} {best[0]:>12.1f} {best[1]:>8.1f}")
 
 
+IMAGE = (40, 40, 3)
+MAP_BATCH = 16
+
+
+def gil_bound(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Random crop, flip and normalise: small NumPy operations driven from Python."""
+    seed = int(image[0, 0, 0]) + int(label)
+    padded = np.pad(image, ((4, 4), (4, 4), (0, 0)), mode="reflect")
+    top, left = seed % 9, (seed // 9) % 9
+    crop = padded[top : top + IMAGE[0], left : left + IMAGE[1]]
+    if seed % 2:
+        crop = crop[:, ::-1]
+    out = (crop.astype(np.float32) / 255.0 - 0.5) / 0.25
+    return out, label
+
+
+def gil_releasing(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A LAPACK call per example (QR of a 120x120 matrix), which releases the GIL."""
+    a = image.reshape(120, 40).astype(np.float64)
+    q, _ = np.linalg.qr(a @ a.T + np.eye(120))
+    return q[:40, :40].astype(np.float32), label
+
+
+def io_like(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A 1 ms wait per example (a read from a slow disk or the network)."""
+    time.sleep(0.001)
+    return image.astype(np.float32), label
+
+
+def _epoch_rate(ds: Dataset) -> float:
+    began, count = time.perf_counter(), 0
+    for xb, _ in ds:
+        count += len(xb)
+    return count / (time.perf_counter() - began)
+
+
+def _rate(ds: Dataset, passes: int) -> float:
+    """Best examples/s over `passes` epochs, after one warm-up epoch."""
+    _epoch_rate(ds)
+    return max(_epoch_rate(ds) for _ in range(passes))
+
+
+def section_maps(args: argparse.Namespace) -> None:
+    from phalanx.data import AUTOTUNE
+
+    rng = np.random.default_rng(0)
+    kinds = (("GIL-bound", gil_bound, 2048), ("GIL-releasing", gil_releasing, 512))
+    kinds += (("I/O-like 1 ms", io_like, 512),)
+    names = ("sequential", "AUTOTUNE", "1 process", "2 processes")
+    print(f"\n## per-example maps on 40x40x3 images, batch {MAP_BATCH}: examples/s, best of")
+    print(f"## {args.passes + 2} epochs interleaved across the variants (ratio to sequential)")
+    print(f"{'map':<16} " + " ".join(f"{n:>15}" for n in names) + "  AUTOTUNE chose")
+    for name, fn, n in kinds:
+        images = rng.integers(0, 256, (n, *IMAGE), dtype=np.uint8)
+        base = Dataset.from_tensor_slices((images, np.arange(n, dtype=np.int32)))
+        base = base.shuffle(n, seed=0)
+        variants = [
+            base.map(fn).batch(MAP_BATCH),
+            base.map(fn, num_parallel_calls=AUTOTUNE).batch(MAP_BATCH),
+            base.map(fn, num_parallel_calls=1, workers="process").batch(MAP_BATCH),
+            base.map(fn, num_parallel_calls=2, workers="process").batch(MAP_BATCH),
+        ]
+        for ds in variants:  # warm-up: worker start, AUTOTUNE's measuring (a few windows)
+            for _ in range(3):
+                _epoch_rate(ds)
+        best = [0.0] * len(variants)
+        for _ in range(args.passes + 2):  # interleaved: a busy neighbour hits every variant
+            for i, ds in enumerate(variants):
+                best[i] = max(best[i], _epoch_rate(ds))
+        tuner = variants[1]._tuner  # the level AUTOTUNE settled on (None: still measuring)
+        chose = "measuring" if tuner.choice is None else f"{tuner.choice} threads"
+        cells = [f"{best[0]:>15.0f}"]
+        cells += [f"{rate:>6.0f} ({rate / best[0]:.2f}x)" for rate in best[1:]]
+        print(f"{name:<16} " + " ".join(f"{c:>15}" for c in cells) + f"  {chose}")
+
+
+def section_images(args: argparse.Namespace) -> None:
+    import tempfile
+    import warnings
+
+    import jax
+    from flax import nnx
+    from PIL import Image
+
+    import phalanx
+
+    warnings.simplefilter("ignore", phalanx.data.InputBoundWarning)  # the table says it
+    (x, y), _ = phalanx.datasets.digits.load_data()
+    with tempfile.TemporaryDirectory() as folder:
+        for n, (image, label) in enumerate(zip(x, y, strict=True)):
+            target = Path(folder) / str(int(label))
+            target.mkdir(exist_ok=True)
+            big = np.kron(image * 15, np.ones((4, 4))).astype(np.uint8)  # 32x32 PNGs
+            Image.fromarray(big).save(target / f"{n:04d}.png")
+        ds = phalanx.data.image_dataset_from_directory(
+            folder,
+            color_mode="grayscale",
+            image_size=(32, 32),
+            batch_size=64,
+            seed=0,
+            verbose=False,
+        )
+        alone = _rate(ds, args.passes)
+
+        class CNN(nnx.Module):
+            def __init__(self, rngs: nnx.Rngs):
+                self.conv = nnx.Conv(1, 16, (3, 3), rngs=rngs)
+                self.out = nnx.Linear(16 * 16 * 16, 10, rngs=rngs)
+
+            def __call__(self, xb):
+                xb = nnx.max_pool(jax.nn.relu(self.conv(xb / 255.0)), (2, 2), (2, 2))
+                return self.out(xb.reshape(xb.shape[0], -1))
+
+        model = phalanx.Model(CNN(nnx.Rngs(0)))
+        model.compile("adam", phalanx.losses.SparseCategoricalCrossentropy(from_logits=True))
+        h = model.fit(ds, epochs=1 + args.epochs, verbose=0).history
+        rate = max(h["examples_per_second"][1:])
+        wait = h["input_wait_fraction"][h["examples_per_second"].index(rate)]
+    print(f"\n## image files: {len(x)} PNGs 32x32 -> image_dataset_from_directory, batch 64")
+    print(f"{'':<28} {'examples/s':>10} {'input wait %':>12}")
+    print(f"{'pipeline alone':<28} {alone:>10.0f} {'-':>12}")
+    print(f"{'fit (CNN) fed by it':<28} {rate:>10.0f} {wait * 100:>12.1f}")
+
+
 def tune_malloc() -> bool:
     """Keeps freed large blocks in the process (glibc only); True when it took effect."""
     m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
@@ -218,6 +358,8 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "pipeline": section_pipeline,
     "overlap": section_overlap,
     "fit": section_fit,
+    "maps": section_maps,
+    "images": section_images,
 }
 
 

@@ -26,6 +26,7 @@ from phalanx._src.strategy.aggregation import (
     register_variable_aggregation as register_variable_aggregation,
 )
 from phalanx._src.strategy.distribute import InputContext as InputContext
+from phalanx._src.strategy.function import function as function
 from phalanx._src.strategy.loss import compute_average_loss as compute_average_loss
 from phalanx._src.strategy.loss import scale_regularization_loss as scale_regularization_loss
 from phalanx._src.strategy.reduce_op import ReduceOp as ReduceOp
@@ -36,6 +37,9 @@ from phalanx._src.strategy.strategy import get_strategy as get_strategy
 from phalanx._src.strategy.strategy import has_strategy as has_strategy
 from phalanx._src.strategy.values import PerReplica as PerReplica
 from phalanx._src.strategy.values import get_batch_mask as get_batch_mask
+from phalanx._src.train.checkpoint.manager import CheckpointManager as CheckpointManager
+from phalanx._src.train.checkpoint.tf_checkpoint import Checkpoint as Checkpoint
+from phalanx._src.train.checkpoint.tf_checkpoint import latest_checkpoint as latest_checkpoint
 from phalanx._src.train.model import Model as Model
 
 __version__ = "0.1.0"
@@ -43,6 +47,8 @@ __version__ = "0.1.0"
 _compilation_cache.configure_from_environment()  # on by default: fast restarts
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointManager",
     "InputContext",
     "Model",
     "PerReplica",
@@ -50,10 +56,12 @@ __all__ = [
     "ReplicaContext",
     "Strategy",
     "compute_average_loss",
+    "function",
     "get_batch_mask",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
+    "latest_checkpoint",
     "register_variable_aggregation",
     "scale_regularization_loss",
     "set_compilation_cache",

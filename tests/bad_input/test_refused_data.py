@@ -119,10 +119,10 @@ CASES = [
         lambda s: ds(s).batch(12.5),
     ),
     Case(
-        "`batch` twice",
+        "`batch` of batches with a short last one",
         ValueError,
-        ("already batched (batch_size=4)", "call batch() once"),
-        lambda s: ds(s).batch(4).batch(8),
+        ("inner batches of one shape", "drop_remainder=True on the inner batch()"),
+        lambda s: list(ds(s).batch(5).batch(2)),
     ),
     Case(
         "`batch(100, drop_remainder=True)` of 16 elements",

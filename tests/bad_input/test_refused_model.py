@@ -85,10 +85,10 @@ CASES = [
         lambda s: fit(s, s.x, s.y, epochs=2, initial_epoch=3),
     ),
     Case(
-        "`fit(prefetch=-1)`",
+        "`fit(prefetch=-2)`",
         ValueError,
-        ("prefetch must be an int >= 0", "got -1"),
-        lambda s: fit(s, s.x, s.y, prefetch=-1),
+        ("prefetch must be an int >= 0", "AUTOTUNE", "got -2"),
+        lambda s: fit(s, s.x, s.y, prefetch=-2),
     ),
     Case(
         "`fit(x, y, batch_size=0)`",

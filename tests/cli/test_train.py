@@ -80,6 +80,9 @@ def test_offline_without_mnist_trains_on_the_embedded_digits(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["data"] == "digits" and report["test_accuracy"] >= 0.9
     assert report["model_tflops_per_second"] > 0
+    # Peak memory: the host's high-water mark; XLA:CPU devices report none.
+    assert report["peak_host_mib"] > 50 and report["peak_device_mib"] is None
+    assert "peak host memory" in done.stdout and "peak device memory n/a" in done.stdout
     curves = report["curves"]
     assert curves.endswith("curves.png") and f"training curves: {curves}" in done.stdout
     with open(curves, "rb") as png:

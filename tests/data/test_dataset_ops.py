@@ -175,17 +175,22 @@ def test_map_workers_run_concurrently():
     assert labels(ds) == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
-def test_grain_threads_stop_after_the_epoch():
+def test_map_threads_stop_after_the_epoch():
+    def running():
+        return [t for t in threading.enumerate() if t.name.startswith("phalanx-map")]
+
     ds = Dataset.from_tensor_slices(rows(8)).batch(2).map(lambda v: v, num_parallel_calls=2)
     labels(ds)
+    assert not running()
     it = iter(ds)
     next(it)
+    assert running()
     it.close()
     for _ in range(50):
-        if not [t for t in threading.enumerate() if t.name.startswith("grain")]:
+        if not running():
             break
         time.sleep(0.02)
-    assert not [t for t in threading.enumerate() if t.name.startswith("grain")]
+    assert not running()
 
 
 def test_cache_computes_each_element_once():

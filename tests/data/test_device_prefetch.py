@@ -180,3 +180,35 @@ def test_grain_iterators_are_checkpointable_through_the_prefetcher():
         state = batches.get_state()
         rest = [b.tolist() for b in batches]
     assert state == {"next_index": 1} and rest == [[3, 4, 5], [6, 7, 8], [9]]
+
+
+@pytest.mark.parametrize(
+    ("inline_s", "thread_s", "threaded"), [(1.0, 2.0, False), (2.0, 1.0, True)]
+)
+def test_autotune_keeps_the_faster_of_thread_and_inline_and_loses_no_batch(
+    inline_s, thread_s, threaded
+):
+    # The injected clock charges each batch what its mode costs; no wall clock is read.
+    now = [0.0]
+    holder = []
+
+    def clock():
+        now[0] += thread_s if holder[0].threaded else inline_s
+        return now[0]
+
+    n = 400
+    ds = Dataset.from_tensor_slices(np.arange(n, dtype=np.int32)).batch(1)
+    source = iter(ds)
+    prefetcher = DevicePrefetcher(source, autotune=True, clock=clock, host_depth=3)
+    holder.append(prefetcher)
+    got, steps, modes = [], [], set()
+    with prefetcher:
+        for batch in prefetcher:
+            got.append(int(batch[0]))
+            steps.append(prefetcher.get_state()["step"])
+            modes.add(prefetcher.threaded)
+    assert got == list(range(n))  # every batch once, in order, across the switches
+    assert steps == list(range(1, n + 1))  # the position follows the batches handed out
+    assert modes == {True, False}  # both were tried
+    assert prefetcher.threaded is threaded  # the choice, kept to the end
+    assert not prefetch_threads()

@@ -56,3 +56,23 @@ def test_custom_training_loop_example(mnist_path, devices):
     accuracy = float(summaries[-1].split("accuracy ")[1])
     assert losses[1] < losses[0]
     assert 0.5 < accuracy <= 1.0
+
+
+def test_image_folder_example(tmp_path):
+    # PNG files -> image_dataset_from_directory -> augmentation -> fit (process workers are
+    # tested in tests/data/test_workers.py; their start-up would double this test's time).
+    out = _run(
+        "image_folder_fit.py",
+        ["--epochs", "2", "--workers", "0", "--folder", str(tmp_path / "png")],
+        1,
+        tmp_path,
+    )
+    assert "Found 1438 files belonging to 10 classes." in out
+    assert len(list((tmp_path / "png").glob("*/*.png"))) == 1438
+    losses = [
+        float(line.split("loss: ")[1].split()[0])
+        for line in out.splitlines()
+        if line.startswith("Epoch ") and "loss: " in line
+    ]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert "Training finished." in out

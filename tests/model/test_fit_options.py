@@ -83,3 +83,26 @@ def test_errors_for_datasets_and_bad_values(one_device):
         model.fit(x, y, validation_split=1.5, verbose=0)
     with pytest.raises(ValueError, match="too few to hold out"):
         model.fit(x[:1], y[:1], validation_split=0.5, verbose=0)
+
+
+def test_prefetch_autotune_trains_as_the_thread_and_the_loop_thread_do(one_device):
+    """fit(prefetch=AUTOTUNE) on a host pipeline (a Python map, not device-resident): the
+    numbers equal prefetch=2's and prefetch=0's, over epochs (one decision per call)."""
+    import phalanx
+
+    x, y = make_data(96)
+
+    def pipeline():
+        ds = phalanx.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 0.5, b))
+        return ds.batch(8)
+
+    histories, weights = [], []
+    for prefetch in (phalanx.data.AUTOTUNE, 2, 0):
+        model = build(one_device, seed=5)
+        history = model.fit(pipeline(), epochs=3, prefetch=prefetch, device_data=False, verbose=0)
+        histories.append(history.history["loss"])
+        weights.append(model.get_weights())
+    for other, other_weights in zip(histories[1:], weights[1:], strict=True):
+        np.testing.assert_allclose(histories[0], other, rtol=1e-6)
+        for a, b in zip(weights[0], other_weights, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -12,7 +12,7 @@ from conftest import build, make_data
 import phalanx
 from phalanx._src.train.engine.engine import Engine
 from phalanx._src.train.feeding import sources
-from phalanx._src.train.feeding.device_data import Blocks
+from phalanx._src.train.feeding.device_data import Blocks, Source
 from phalanx._src.train.loops import fit as fit_loop
 from phalanx._src.train.loops import phase
 
@@ -312,9 +312,12 @@ def test_batches_read_in_order_train_on_their_blocks(
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_blocks_are_whole_batches_in_order_within_one_copy_of_the_source(all_devices):
+@pytest.mark.parametrize("placed", [False, True], ids=["from_host", "from_devices"])
+def test_blocks_are_whole_batches_in_order_within_one_copy_of_the_source(all_devices, placed):
     x, y = make_data(96)
-    source = (jax.device_put(x), jax.device_put(y))
+    source = Source((x, y), all_devices)
+    if placed:
+        source.arrays()  # blocks are then cut on the devices
     blocks = Blocks(source, all_devices)
     rows = lambda start: np.arange(start, start + 24, dtype=np.int32)  # noqa: E731
     ((bx, by),) = blocks.lookup([rows(24)], 24)

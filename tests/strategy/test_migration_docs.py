@@ -13,7 +13,7 @@ pytestmark = pytest.mark.multidevice
 
 
 def test_the_marked_blocks_are_found():
-    assert len(BLOCKS) == 2
+    assert len(BLOCKS) == 3
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))

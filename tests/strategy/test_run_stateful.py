@@ -117,10 +117,14 @@ def test_register_rejects_bad_arguments():
         phalanx.register_variable_aggregation(_Peak, "median")
 
 
-def test_a_closed_over_stateful_module_is_a_clear_error():
+def test_a_closed_over_stateful_module_is_carried_like_an_argument():
     strategy = phalanx.Strategy()
     with strategy.scope():
         drop = nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=0))
     _, batch = _rows(strategy)
-    with pytest.raises(ValueError, match=r"pass every module the function updates as an argument"):
-        strategy.run(lambda x: drop(x), args=(batch,))
+    closed = np.asarray(strategy.run(lambda x: drop(x), args=(batch,)).stacked)
+    assert int(drop.rngs.count.get_value()) == 1  # written back, as for an argument
+    with strategy.scope():
+        again = nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=0))
+    passed = np.asarray(strategy.run(lambda d, x: d(x), args=(again, batch)).stacked)
+    np.testing.assert_array_equal(closed, passed)

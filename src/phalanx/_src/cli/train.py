@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("KERAS_BACKEND", "jax")
 
     import phalanx
+    from phalanx._src.report import memory
     from phalanx._src.train.api.callbacks.csv_logger import CSVLogger
     from phalanx._src.train.engine.flop_rate import MFU_KEY, TFLOPS_KEY
 
@@ -296,6 +297,9 @@ def run(args: argparse.Namespace) -> int:
         TFLOPS_KEY: logs[TFLOPS_KEY][-1] if TFLOPS_KEY in logs else None,
         MFU_KEY: logs[MFU_KEY][-1] if MFU_KEY in logs else None,
         "train_seconds": seconds,
+        # Over the whole run so far; the device figure is None where it is not reported.
+        "peak_host_mib": memory.peak_host_mib(),
+        "peak_device_mib": memory.peak_device_mib(),
         "epochs": args.epochs,
         "replicas": strategy.num_replicas_in_sync,
         "global_batch": global_batch,
@@ -315,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
     if report[MFU_KEY] is not None:
         speed += f"  MFU {100 * report[MFU_KEY]:.1f}%"
     print(f"{speed}  train time {seconds:.1f} s")
+    print(memory.describe(report["peak_host_mib"], report["peak_device_mib"]))
     print(_results_line(results))
     if args.json:
         print(json.dumps(report, default=str))

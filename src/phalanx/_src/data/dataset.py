@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,14 +13,18 @@ import numpy as np
 from phalanx._src.data import (
     combine_ops,
     element_ops,
+    executors,
     index_ops,
     plan,
     stream,
     stream_combine,
     validation,
 )
+from phalanx._src.data.dataset_map import DatasetMap
 from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
+from phalanx._src.data.dataset_tf import DatasetTF
 from phalanx._src.data.iterator import DatasetIterator
+from phalanx._src.data.options import Options
 from phalanx._src.data.stream_nested import StreamBatch
 
 _INDEX_VIEW_NODES = (
@@ -34,10 +36,10 @@ _INDEX_VIEW_NODES = (
     index_ops.Batch,
     combine_ops.Skip,
 )
-AUTOTUNE = -1  # As tf.data.AUTOTUNE: let phalanx pick (CPU count for map, 2 for prefetch).
+AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 
 
-class Dataset(DatasetOps):
+class Dataset(DatasetOps, DatasetTF, DatasetMap):
     """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
 
     Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
@@ -51,8 +53,9 @@ class Dataset(DatasetOps):
 
     Differences from tf.data, all deliberate: `shuffle` draws a uniform permutation of the
     whole (finite) dataset rather than sampling from a buffer; `map` functions must be pure
-    (they may run more than once for one element, in any thread); `num_parallel_calls`
-    computes whole elements (batches, after `batch`) in Grain threads.
+    (they may run more than once for one element, in any thread or worker process);
+    `num_parallel_calls` computes whole elements (batches, after `batch`) in threads or
+    processes, and AUTOTUNE measures whether that pays (see `map`).
 
     Example:
       >>> ds = Dataset.from_tensor_slices((x, y)).shuffle(1024, seed=0).batch(256)
@@ -60,9 +63,11 @@ class Dataset(DatasetOps):
       ...     ...
     """
 
-    def __init__(self, node: plan.Node, prefetch: int = 0):
+    def __init__(self, node: plan.Node, prefetch: int = 0, options: Options | None = None):
         self._node = node
         self._prefetch = prefetch
+        self._options = options
+        self._tuner = None  # AUTOTUNE's measurements and choice (`autotune.Tuner`)
         self._epochs = itertools.count()
         self._owner: Dataset | None = None  # set on a row_indices() view
 
@@ -110,7 +115,7 @@ class Dataset(DatasetOps):
         return cls(plan.Source([a for _, a in arrays], treedef))
 
     def _then(self, node: plan.Node) -> Dataset:
-        return Dataset(node, self._prefetch)
+        return Dataset(node, self._prefetch, self._options)
 
     def _needs_random_access(self, op: str) -> None:
         if self._streaming:
@@ -169,15 +174,14 @@ class Dataset(DatasetOps):
           batch_size: rows per batch (the global batch, when distributed).
           drop_remainder: drop a last, shorter batch instead of yielding it.
 
+        Batching a batched dataset nests, as in tf.data: `batch(2).batch(3)` yields arrays of
+        shape (3, 2, ...); every inner batch of an outer one must then be full (use
+        `drop_remainder=True` on the inner batch when the row count is not a multiple).
+
         Raises:
-          ValueError: batch_size <= 0, a second batch(), or a result with no batches.
+          ValueError: batch_size <= 0 or a result with no batches.
         """
         size = validation.check_batch_size(batch_size)
-        if self._node.level == 1:
-            raise ValueError(
-                f"this dataset is already batched (batch_size={self.batch_size}); call batch() "
-                "once, with the global batch size."
-            )
         if self._streaming:
             return self._then(StreamBatch(self._node, size, bool(drop_remainder)))
         n = self._node.length
@@ -188,45 +192,6 @@ class Dataset(DatasetOps):
                 "drop_remainder=False."
             )
         return self._then(index_ops.Batch(self._node, size, bool(drop_remainder)))
-
-    def map(self, fn: Callable[..., Any], num_parallel_calls: int | None = None) -> Dataset:
-        """Applies `fn` to every element (a row before `batch`, a batch after it).
-
-        A tuple element is unpacked into positional arguments, as in tf.data. Mapping after
-        `batch` runs `fn` once per batch on whole arrays, which is much faster than per row.
-
-        Args:
-          fn: a pure function of one element; it must return numeric arrays.
-          num_parallel_calls: None computes elements in the consuming thread; N > 0 (or
-            AUTOTUNE) computes N elements at once in Grain threads.
-        """
-        workers = 0
-        if num_parallel_calls == AUTOTUNE:
-            workers = os.cpu_count() or 1
-        elif num_parallel_calls is not None:
-            workers = validation.check_positive(
-                num_parallel_calls, "num_parallel_calls", "map(fn, num_parallel_calls=2)"
-            )
-        if self._streaming:  # computed in order, in the consuming thread
-            return self._then(stream.StreamMap(self._node, fn))
-        return self._then(element_ops.Map(self._node, fn, workers))
-
-    def cache(self) -> Dataset:
-        """Keeps every element the first time it is computed, so later epochs skip `map`.
-
-        Cache after an expensive `map` and before `shuffle`/`repeat`.
-        """
-        self._needs_random_access("cache()")
-        if self._node.length is None:
-            raise ValueError("cache() needs a finite dataset; call repeat() after cache().")
-        return self._then(element_ops.Cache(self._node))
-
-    def prefetch(self, buffer_size: int) -> Dataset:
-        """Computes up to `buffer_size` elements ahead in a background Grain thread."""
-        if buffer_size == AUTOTUNE:
-            buffer_size = 2
-        size = validation.check_positive(buffer_size, "buffer_size", "prefetch(2)")
-        return Dataset(self._node, size)
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every `num_shards`-th element starting at `index`, as tf.data's shard.
@@ -279,10 +244,15 @@ class Dataset(DatasetOps):
         if not 0 <= index < count:
             raise ValueError(f"index must be in [0, {count}), got {index}.")
         batches = (index_ops.Batch, StreamBatch)
-        if not any(isinstance(node, batches) for node in plan.chain(self._node)):
+        total = sum(isinstance(n, batches) for n in plan.chain(self._node))
+        if not total:
             raise ValueError("process_split() splits global batches; call batch() first.")
+        seen = itertools.count(1)
 
         def change(node: plan.Node) -> plan.Node:
+            # Only the outermost batch (the last one, sources first) is the global batch.
+            if not isinstance(node, batches) or next(seen) != total:
+                return node
             if isinstance(node, index_ops.Batch):
                 return index_ops.Batch(node.parent, node.size, node.drop_remainder, (index, count))
             if isinstance(node, StreamBatch):
@@ -294,9 +264,10 @@ class Dataset(DatasetOps):
     # -- properties -------------------------------------------------------------------------
 
     def _batch_node(self) -> index_ops.Batch | StreamBatch | None:
+        """The outermost batch (the global batch of a nested `batch().batch()`)."""
         batches = (index_ops.Batch, StreamBatch)
         nodes = [n for n in plan.chain(self._node) if isinstance(n, batches)]
-        return nodes[0] if nodes else None
+        return nodes[-1] if nodes else None
 
     @property
     def batch_size(self) -> int | None:
@@ -338,10 +309,9 @@ class Dataset(DatasetOps):
 
     @property
     def num_workers(self) -> int:
-        """Grain threads computing elements: the largest `num_parallel_calls` of any map."""
-        return max(
-            (n.workers for n in plan.chain(self._node) if isinstance(n, element_ops.Map)), default=0
-        )
+        """The most workers any map asked for (AUTOTUNE: the most it may try)."""
+        counts = [n.workers for n in plan.chain(self._node) if isinstance(n, element_ops.Map)]
+        return max((executors.cpu_count() if c == AUTOTUNE else c for c in counts), default=0)
 
     def __repr__(self) -> str:
         ops = " -> ".join(type(n).__name__ for n in plan.chain(self._node))
@@ -377,7 +347,7 @@ class Dataset(DatasetOps):
             return index_source if isinstance(node, plan.Source) else node
 
         # No threads: computing row numbers costs less than handing them over.
-        view = Dataset(plan.rebuild(self._node, change), 0)
+        view = Dataset(plan.rebuild(self._node, change), 0, self._options)
         view._owner = self
         return view, source.treedef.unflatten(source.leaves)
 

@@ -7,7 +7,7 @@ for index arithmetic the state is the usual (epoch, step, seeds); once a pipelin
 adds a "cursor" entry holding each streaming op's counters (elements seen, kept, produced,
 the row inside a batch being unbatched, ...) plus the state of what feeds it. A streaming
 pipeline computes its elements in order in the consuming thread: `map(num_parallel_calls=)`
-and `prefetch` after a streaming op add no Grain threads (fit's device prefetcher still
+and `prefetch` after a streaming op add no worker threads (fit's device prefetcher still
 reads ahead).
 """
 
@@ -62,7 +62,14 @@ class DatasetOps:
         raise NotImplementedError
 
     @classmethod
-    def from_generator(cls, generator: Callable[..., Any], args: tuple = ()) -> Any:
+    def from_generator(
+        cls,
+        generator: Callable[..., Any],
+        output_types: Any = None,
+        output_shapes: Any = None,
+        args: tuple = (),
+        output_signature: Any = None,
+    ) -> Any:
         """A dataset of the elements `generator(*args)` yields (called anew every epoch).
 
         The iterator state counts the elements produced. A generator cannot be restored
@@ -74,7 +81,13 @@ class DatasetOps:
         Args:
           generator: a callable returning an iterable of numeric pytrees (NumPy arrays,
             numbers, tuples, dicts).
+          output_types: tf.data's older form of `output_signature`: the dtypes (with
+            `output_shapes`, the shapes; None: any).
+          output_shapes: see `output_types`.
           args: positional arguments for `generator`.
+          output_signature: a structure of `phalanx.data.TensorSpec`: every element is
+            cast to its dtypes and checked against its shapes (a ValueError names the
+            mismatch), and `element_spec` returns it without running the generator.
 
         Example:
           >>> def rows(n, start=0):
@@ -87,7 +100,9 @@ class DatasetOps:
                 f"from_generator needs a callable that returns an iterator, got {generator!r}; "
                 "pass the generator function itself, not a generator object"
             )
-        return cls(stream.FromGenerator(generator, tuple(args)))
+        if output_signature is None and output_types is not None:
+            output_signature = _signature(output_types, output_shapes)
+        return cls(stream.FromGenerator(generator, tuple(args), output_signature))
 
     @_either_way
     def zip(*datasets: Any) -> Any:
@@ -227,3 +242,19 @@ class DatasetOps:
                 self._node, size, bool(drop_remainder), True, padded_shapes, padding_values
             )
         )
+
+
+def _signature(types: Any, shapes: Any) -> Any:
+    """tf.data's `output_types` / `output_shapes` pair as TensorSpecs."""
+    import jax
+
+    from phalanx._src.data.options import TensorSpec
+
+    leaves, treedef = jax.tree.flatten(types)
+    shapes = [None] * len(leaves) if shapes is None else treedef.flatten_up_to(shapes)
+    return treedef.unflatten(
+        [
+            TensorSpec(None if s is None else tuple(s), t)
+            for t, s in zip(leaves, shapes, strict=True)
+        ]
+    )

@@ -20,7 +20,8 @@ class Map(Node):
 
     parent: Node
     fn: Callable[..., Any]
-    workers: int
+    workers: int  # 0: in the consuming thread; N; or -1 (AUTOTUNE)
+    kind: str = "thread"  # or "process"
 
     def _call(self, element: Any) -> Any:
         out = self.fn(*element) if type(element) is tuple else self.fn(element)
@@ -49,6 +50,13 @@ class Cache(Node):
     _store: Any = dataclasses.field(default=None, init=False, repr=False)
     _filled: Any = dataclasses.field(default=None, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __getstate__(self) -> dict:
+        # Sent to a worker process: an empty cache there (the worker fills its own copy).
+        return {"parent": self.parent}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         # Workers may fill different positions at once; a duplicate fill writes equal values.

@@ -29,6 +29,14 @@ class Shuffle(Node):
     _perms: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
 
+    def __getstate__(self) -> dict:
+        # Sent to a worker process without the lock and the cached permutations.
+        names = ("parent", "seed", "buffer_size", "reshuffle")
+        return {name: getattr(self, name) for name in names}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
     def _permutation(self, key: Key, block: int, n: int) -> np.ndarray:
         key = key if self.reshuffle else ()
         # The key's length is part of the entropy so (1,) and (1, 0) never collide.
@@ -154,6 +162,8 @@ class Batch(Node):
         return positions
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
+        if self.parent.level == 1:  # batch() of batches nests, as in tf.data
+            return [stack_batches(self.parent.get(key, self.rows(int(s)))) for s in positions]
         n = self.parent.length
         if (
             len(positions) > 1
@@ -176,6 +186,17 @@ class Batch(Node):
         bounds = np.cumsum([len(rows) for rows in parts])[:-1]
         pieces = [np.split(leaf, bounds) for leaf in leaves]
         return [treedef.unflatten([p[i] for p in pieces]) for i in range(len(parts))]
+
+
+def stack_batches(batches: list[Any]) -> Any:
+    """Batches of equal shapes stacked along a new first axis (a nested batch)."""
+    shapes = sorted({tuple(np.shape(leaf) for leaf in jax.tree.leaves(b)) for b in batches})
+    if len(shapes) > 1:
+        raise ValueError(
+            f"batch() of batches needs inner batches of one shape, got leaf shapes {shapes}; "
+            "use drop_remainder=True on the inner batch() to drop a short last one"
+        )
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
 
 
 def seeds(root: Node) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import sys
 from typing import TYPE_CHECKING, Any
@@ -10,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from phalanx._src.data import index_ops, plan, stream
+from phalanx._src.data import executors, index_ops, plan, stream
+from phalanx._src.strategy.optional import Optional
 
 if TYPE_CHECKING:
     from phalanx._src.data.dataset import Dataset
@@ -31,10 +31,11 @@ class DatasetIterator:
     """Iterates one epoch of a `Dataset`; `get_state`/`set_state` save and restore it.
 
     Without map workers or prefetch, elements are computed in the calling thread. With
-    them, a Grain `MapDataset.range(step, end).map(element)` computes elements in Grain
-    threads, in order, a few ahead. Either way the position is simply the epoch and the
-    number of elements already returned, because every element is a pure function of
-    (seeds, epoch, step): a restored iterator yields exactly what the original would have.
+    them, an executor (`executors`: threads, worker processes, or AUTOTUNE's measured
+    choice) computes elements in order, a few ahead. Either way the position is simply the
+    epoch and the number of elements already returned, because every element is a pure
+    function of (seeds, epoch, step): a restored iterator yields exactly what the original
+    would have.
 
     Example:
       >>> it = iter(ds)
@@ -51,7 +52,7 @@ class DatasetIterator:
         self._node = dataset._node
         self._epoch = epoch
         self._step = 0
-        self._inner: Any = None
+        self._executor: Any = None
         # A streaming pipeline (filter, from_generator, ...) is read in order by a cursor.
         self._streaming = isinstance(self._node, stream.Stream)
         self._cursor: Any = None
@@ -59,7 +60,7 @@ class DatasetIterator:
         self._seeds_of: Any = None  # the node whose seeds `_seed_values` holds
         self._seed_values: list[int] = []
         # Read once: walking the chain on every next() would cost more than the check.
-        self._threaded = not self._streaming and (dataset.num_workers > 0 or dataset._prefetch > 0)
+        self._threaded = not self._streaming and (dataset.num_workers > 0 or dataset._prefetch != 0)
 
     @property
     def epoch(self) -> int:
@@ -83,16 +84,48 @@ class DatasetIterator:
             return element
         length = self._node.length
         if length is not None and self._step >= length:
-            self.close()
+            self._finish()
             raise StopIteration
         if not self._threaded:
             element = plan.element(self._node, (self._epoch,), self._step)
         else:
-            if self._inner is None:
-                self._inner = self._start_grain()
-            element = next(self._inner)
+            if self._executor is None:
+                stop = sys.maxsize if length is None else length
+                key = (self._epoch,)
+                self._executor = executors.for_pipeline(
+                    self._dataset, self._node, key, self._step, stop
+                ) or executors.Inline(lambda step: plan.element(self._node, key, step), 0, 0)
+            try:
+                element = self._executor.next()
+            except BaseException:
+                self.close()  # stop workers at once; iterating again restarts them here
+                raise
         self._step += 1
         return element
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The ids of the worker processes computing elements now (empty without any)."""
+        return list(getattr(self._executor, "pids", []))
+
+    def get_next(self) -> Any:
+        """The next element, as tf.data's `iterator.get_next()` (StopIteration at the end)."""
+        return next(self)
+
+    def get_next_as_optional(self) -> Optional:
+        """The next element in an `Optional`, empty at the end instead of raising.
+
+        Example:
+          >>> optional = it.get_next_as_optional()
+          >>> if optional.has_value():
+          ...     batch = optional.get_value()
+        """
+        return Optional.next_of(self)
+
+    @property
+    def element_spec(self) -> Any:
+        """The dataset's `element_spec`."""
+        return self._dataset.element_spec
 
     def next_many(self, count: int) -> list[Any]:
         """Up to `count` next elements (fewer at the end of the epoch), computed together.
@@ -105,7 +138,7 @@ class DatasetIterator:
           >>> it = iter(ds)
           >>> batches = it.next_many(50)   # == [next(it) for _ in range(50)]
         """
-        if self._streaming or self._inner is not None:
+        if self._streaming or self._threaded:
             return list(itertools.islice(self, count))
         length = self._node.length
         stop = self._step + count if length is None else min(self._step + count, length)
@@ -118,21 +151,6 @@ class DatasetIterator:
             elements = [jax.tree.map(lambda a, i=i: a[i], elements) for i in range(len(steps))]
         self._step = stop
         return list(elements)
-
-    def _start_grain(self) -> Any:
-        import grain  # Imported on first use: it costs about a second.
-
-        workers = self._dataset.num_workers
-        threads = max(workers, 1)
-        # Enough elements in flight to keep every thread busy, but bounded: Grain's default
-        # of 500 would hold 500 batches in memory.
-        buffer = max(self._dataset._prefetch, 2 * workers, 1)
-        length = self._node.length
-        stop = sys.maxsize if length is None else length
-        fetch = functools.partial(plan.element, self._node, (self._epoch,))
-        source = grain.MapDataset.range(self._step, stop).map(fetch)
-        options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer)
-        return iter(source.to_iter_dataset(options))
 
     def get_state(self, back: int = 0) -> dict[str, Any]:
         """The position: a small JSON-serialisable dict (epoch, step, shuffle seeds).
@@ -186,17 +204,18 @@ class DatasetIterator:
         if self._streaming:
             self._cursor, self._cursor_state = None, state["cursor"]
 
+    def _finish(self) -> None:
+        """At the epoch's end: idle worker processes go to the dataset for its next epoch."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.release(self._dataset._park)
+
     def close(self) -> None:
-        """Stops the Grain threads, if any; iterating again restarts them at this position."""
-        inner, self._inner = self._inner, None
-        if inner is not None:
-            inner.close()
-            # Grain's close() cancels queued work but lets running work finish in the
-            # background (executor.shutdown(wait=False)); wait for it, so that no thread
-            # outlives the iterator (the attribute is Grain's; absent, there is none to wait on).
-            executor = getattr(inner, "_executor", None)
-            if executor is not None:
-                executor.shutdown(wait=True)
+        """Stops the worker threads or processes, if any; iterating again restarts them at
+        this position."""
+        executor, self._executor = getattr(self, "_executor", None), None
+        if executor is not None:
+            executor.close()
 
     def __enter__(self) -> DatasetIterator:
         return self

@@ -17,10 +17,12 @@ import collections
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from phalanx._src.data import validation
+from phalanx._src.data.autotune import Tuner
 
 _END = object()
 _POLL_S = 0.05  # How often a blocked producer or consumer rechecks the stop flag.
@@ -61,6 +63,13 @@ class DevicePrefetcher:
       put_in_thread: call `put_fn` in the producer thread too, so the consumer only takes
         ready device batches (JAX transfers are thread-safe). Worth it when the consumer's
         time is precious, e.g. when dispatching a step is what keeps the devices busy.
+      autotune: measure, as `prefetch(AUTOTUNE)` does (`autotune.Tuner`), whether the
+        consumer gets its batches faster from the thread or by making each one itself when
+        it asks (a Python-bound source competes with the consumer for the GIL), and keep
+        the faster. Batches already made by the thread are handed out first on a switch.
+        Pass a `Tuner(max_level=1)` instead of True to keep the measurements and the choice
+        from one prefetcher (epoch) to the next.
+      clock: seconds as a float, for `autotune`; tests inject their own.
 
     Example:
       >>> with DevicePrefetcher(ds, put_fn=strategy_put, host_depth=2, device_depth=2) as batches:
@@ -76,6 +85,8 @@ class DevicePrefetcher:
         host_depth: int = 2,
         device_depth: int = 2,
         put_in_thread: bool = False,
+        autotune: bool | Tuner = False,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self._host_depth = validation.check_positive(host_depth, "host_depth", "host_depth=2")
         self._device_depth = validation.check_positive(
@@ -92,6 +103,15 @@ class DevicePrefetcher:
         self._thread: threading.Thread | None = None
         self._pending: Any = None  # _END or _Raised, once the producer has sent it.
         self._closed = False
+        self._taken = False
+        # autotune: level 0 makes each batch in the consumer's thread, level 1 in the thread.
+        if isinstance(autotune, Tuner):
+            self._tuner: Tuner | None = autotune  # kept by the caller across epochs
+        else:
+            self._tuner = Tuner(max_level=1) if autotune else None
+        self._clock = clock
+        self._last: float | None = None
+        self._leftover: Any = None  # a batch the thread made after it was told to stop
 
     @property
     def checkpointable(self) -> bool:
@@ -106,7 +126,7 @@ class DevicePrefetcher:
 
     def set_state(self, state: Any) -> None:
         """Restores the source's position; only before the first batch is taken."""
-        if self._thread is not None:
+        if self._taken or self._thread is not None:
             raise RuntimeError("set_state() must come before the first batch is taken.")
         self._source.set_state(state)
         self._state = state
@@ -127,10 +147,13 @@ class DevicePrefetcher:
                 if self._put_in_thread:
                     batch = self._put(batch)
                 if not self._offer((batch, state)):
+                    self._leftover = (batch, state)  # kept for the consumer's own turn
                     return
-            self._offer(_END)
+            if not self._offer(_END):
+                self._leftover = _END
         except BaseException as error:  # Everything, even KeyboardInterrupt, goes to the consumer.
-            self._offer(_Raised(error))
+            if not self._offer(_Raised(error)):
+                self._leftover = _Raised(error)
 
     def _take(self, block: bool) -> bool:
         """Moves one host batch to the device buffer; False when none is (yet) available."""
@@ -166,17 +189,33 @@ class DevicePrefetcher:
         return bool(self._device) or self._pending is not None
 
     def start(self) -> DevicePrefetcher:
-        """Starts reading ahead now (e.g. while the step compiles); `next` does it otherwise."""
-        if self._thread is None and not self._closed:
+        """Starts reading ahead now (e.g. while the step compiles); `next` does it otherwise.
+
+        While AUTOTUNE has the consumer make its own batches, there is no thread to start.
+        """
+        if self._thread is None and not self._closed and self.threaded:
             self._thread = threading.Thread(
                 target=self._produce, name=f"phalanx-prefetch-{next(_ids)}", daemon=True
             )
             self._thread.start()
         return self
 
+    @property
+    def threaded(self) -> bool:
+        """Whether batches are being made in the thread (False: by the consumer, when it
+        asks, after AUTOTUNE measured that to be faster)."""
+        return self._tuner is None or self._tuner.level == 1
+
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
+        self._taken = True
+        batch = self._next_threaded() if self.threaded else self._next_inline()
+        if self._tuner is not None and not self._tuner.settled:
+            self._measure()
+        return batch
+
+    def _next_threaded(self) -> Any:
         self.start()
         if not self._device:
             self._take(block=True)
@@ -191,6 +230,57 @@ class DevicePrefetcher:
         while len(self._device) < self._device_depth and self._take(block=False):
             pass
         return batch
+
+    def _next_inline(self) -> Any:
+        if self._device:  # made by the thread before the switch
+            batch, self._state = self._device.popleft()
+            return batch
+        if self._pending is not None:
+            pending = self._pending
+            self.close()
+            if isinstance(pending, _Raised):
+                raise pending.error
+            raise StopIteration
+        try:
+            batch = next(self._source)
+        except BaseException:
+            self.close()
+            raise
+        self._state = self._source.get_state() if self._checkpointable else None
+        return self._put(batch)
+
+    def _measure(self) -> None:
+        now = self._clock()
+        changed, self._last = self._tuner.tick(self._last, now), now
+        if changed:
+            self._last = None
+            if self._tuner.level == 0:
+                self._stop_thread()
+
+    def _stop_thread(self) -> None:
+        """Stops the thread and keeps, in order, every batch it made for the consumer."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join()
+        while self._pending is None:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _END or isinstance(item, _Raised):
+                self._pending = item
+                break
+            batch, state = item
+            self._device.append((batch if self._put_in_thread else self._put(batch), state))
+        leftover, self._leftover = self._leftover, None
+        if leftover is _END or isinstance(leftover, _Raised):
+            self._pending = self._pending or leftover
+        elif leftover is not None and self._pending is None:
+            batch, state = leftover
+            self._device.append((batch if self._put_in_thread else self._put(batch), state))
+        self._stop = threading.Event()
 
     def close(self) -> None:
         """Stops the producer thread and waits for it; safe to call more than once."""

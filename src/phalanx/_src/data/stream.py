@@ -112,6 +112,7 @@ class FromGenerator(Stream):
 
     generator: Callable[..., Any]
     args: tuple
+    output_signature: Any = None  # a structure of TensorSpecs every element must match
 
     level = 0
 
@@ -128,6 +129,7 @@ class FromGenerator(Stream):
 
 class _GeneratorCursor:
     def __init__(self, node: FromGenerator, key: Key, state: dict | None) -> None:
+        self.signature = node.output_signature
         self.produced = int(_get(state, "produced"))
         if node.takes_start:
             self._it = iter(node.generator(*node.args, start=self.produced))
@@ -137,7 +139,12 @@ class _GeneratorCursor:
                 next(self._it)
 
     def __next__(self) -> Any:
-        element = validation.to_numpy_tree(next(self._it), "generator output")
+        element = next(self._it)
+        if self.signature is not None:
+            from phalanx._src.data.dataset_tf import check_signature
+
+            element = check_signature(self.signature, element)
+        element = validation.to_numpy_tree(element, "generator output")
         self.produced += 1
         return element
 

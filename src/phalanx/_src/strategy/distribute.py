@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -329,98 +328,3 @@ def _stack_padded(parts: list[Any], length: int, fill: Any = 0) -> np.ndarray:
     out = np.full((length, *first.shape), fill, dtype=first.dtype)
     out[: len(parts)] = parts
     return out
-
-
-class DistributedDataset:
-    """An iterable of global batches made from a process-local iterable of host batches.
-
-    Returned by `strategy.experimental_distribute_dataset` (alias `strategy.distribute`).
-    Iterating yields the dataset's own structure (tuple, dict, ...) of global `jax.Array`s
-    sharded along the data axis; a partial last batch is padded to the compiled shape and its
-    mask travels with it (`phalanx.get_batch_mask(batch)` reads it).
-    """
-
-    def __init__(
-        self,
-        strategy: Strategy,
-        make_iterable: Callable[[], Iterable[Any]],
-        *,
-        global_batch_size: int | None = None,
-        drop_remainder: bool = False,
-    ) -> None:
-        self._strategy = strategy
-        self._make_iterable = make_iterable
-        # Validate the declared split now, before anything is iterated or compiled.
-        self._distributor = BatchDistributor(
-            strategy, global_batch_size=global_batch_size, drop_remainder=drop_remainder
-        )
-
-    def __iter__(self) -> Iterator[Any]:
-        return DistributedIterator(iter(self._make_iterable()), self._distributor)
-
-
-class PerReplicaBatches:
-    """Joins `replicas` consecutive per-replica batches into one process batch, in order.
-
-    tf.distribute's `distribute_datasets_from_function` takes one batch of `dataset_fn`'s
-    dataset per local replica each step; joined in replica order, the rows of batch r land
-    on local replica r when the batches are full. At the end of the data a step takes the
-    batches that are left (fewer, or a short one), which is then a partial process batch
-    padded and masked as `experimental_distribute_dataset` pads it. Iterator state
-    (`get_state` / `set_state`) is the source iterator's: it advances one batch at a time.
-    """
-
-    def __init__(self, source: Iterable[Any], replicas: int) -> None:
-        self._source = source
-        self._replicas = replicas
-
-    def __iter__(self) -> Iterator[Any]:
-        return _JoinedIterator(iter(self._source), self._replicas)
-
-
-class _JoinedIterator:
-    def __init__(self, source: Iterator[Any], replicas: int) -> None:
-        self._source = source
-        self._replicas = replicas
-
-    def __iter__(self) -> _JoinedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        batches = []
-        for _ in range(self._replicas):
-            try:
-                batches.append(next(self._source))
-            except StopIteration:
-                break
-        if not batches:
-            raise StopIteration
-        if len(batches) == 1:
-            return batches[0]
-        return jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *batches)
-
-    def get_state(self) -> Any:
-        return self._source.get_state()  # type: ignore[attr-defined]
-
-    def set_state(self, state: Any) -> None:
-        self._source.set_state(state)  # type: ignore[attr-defined]
-
-
-class DistributedIterator:
-    """Iterator over global batches; `get_state`/`set_state` delegate to the source."""
-
-    def __init__(self, source: Iterator[Any], distributor: BatchDistributor) -> None:
-        self._source = source
-        self._distributor = distributor
-
-    def __iter__(self) -> DistributedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        return self._distributor(next(self._source))
-
-    def get_state(self) -> Any:
-        return self._source.get_state()  # type: ignore[attr-defined]
-
-    def set_state(self, state: Any) -> None:
-        self._source.set_state(state)  # type: ignore[attr-defined]

@@ -4,7 +4,11 @@ What a replica function sees:
   * distributed batches and `PerReplica` values: this replica's share;
   * everything else (parameters, optimizer state, NNX modules, constants): this replica's own
     copy. As in tf.distribute, a gradient taken inside the function is the replica's local
-    gradient, and `ReplicaContext.all_reduce` sums real per-replica values.
+    gradient, and `ReplicaContext.all_reduce` sums real per-replica values;
+    `nnx.Optimizer.update` sums unreduced gradients itself, as `apply_gradients` does
+    (gradients.py);
+  * NNX objects the function reads from its closure or globals (lifting.py) travel with the
+    ones passed as arguments and are written back the same way.
 
 What comes back:
   * a leaf that is the same on every replica by construction (the result of an all_reduce,
@@ -26,6 +30,8 @@ What comes back:
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +44,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from phalanx._src.strategy import aggregation
+from phalanx._src.strategy import aggregation, gradients, lifting
 from phalanx._src.strategy.replica_context import ReplicaContext, replica_scope
 from phalanx._src.strategy.values import (
     DISTRIBUTED,
@@ -63,6 +69,53 @@ def _stop(node: Any) -> bool:
     return isinstance(node, MaskedBatch | PerReplica) or _is_node(node)
 
 
+class _Same:
+    """A cache-key part compared by identity; it keeps its object alive while cached."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+
+_PLAIN = (int, float, bool, complex, str, bytes, type(None))
+
+
+def function_key(fn: Any, depth: int = 0) -> Any:
+    """What a replica function's compiled call depends on: its code and what it captures.
+
+    TF programs define the step anew on every call (`def step_fn(inputs)` inside a
+    `tf.function`); a new function object with the same code, the same captured objects
+    (by identity) and the same captured numbers reuses the compiled call instead of
+    compiling again.
+    """
+    if not isinstance(fn, types.FunctionType) or depth > 2:
+        return _Same(fn)
+
+    def part(value: Any) -> Any:
+        if isinstance(value, _PLAIN):
+            return (type(value), value)
+        if isinstance(value, types.FunctionType):
+            return function_key(value, depth + 1)
+        return _Same(value)
+
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(part(cell.cell_contents))
+        except ValueError:  # a cell not yet filled
+            cells.append(None)
+    defaults = tuple(map(part, fn.__defaults__ or ()))
+    kwdefaults = tuple((k, part(v)) for k, v in sorted((fn.__kwdefaults__ or {}).items()))
+    return (fn.__code__, _Same(fn.__globals__), tuple(cells), defaults, kwdefaults)
+
+
 def _is_varying(x: jax.Array, axis: str) -> bool:
     return axis in jax.typeof(x).manual_axis_type.varying
 
@@ -74,7 +127,7 @@ def _to_varying(x: jax.Array, axis: str) -> jax.Array:
 class _Plan:
     """How one call's arguments enter the replica function; hashable for the compile cache."""
 
-    def __init__(self, strategy: Strategy, args: tuple, kwargs: dict) -> None:
+    def __init__(self, strategy: Strategy, fn: Callable, args: tuple, kwargs: dict) -> None:
         data_ids: set[int] = set()
 
         def strip(node: Any) -> Any:
@@ -114,6 +167,11 @@ class _Plan:
                 kind = _STATIC
                 self.statics.append(leaf)
             self.kinds.append(kind)
+        # The NNX objects fn reaches through its closure and globals travel with the ones
+        # passed as arguments, in one split (objects shared between them stay shared).
+        self.found = lifting.find_state(fn, "strategy.run", tuple(self.statics))
+        self.num_arg_nodes = len(nodes)
+        self.lifted_index = lifting.join(nodes, self.found)
         self.nodes = nodes
         self.graphdef, self.node_state = nnx.split(nodes) if nodes else (None, None)
 
@@ -125,7 +183,17 @@ class _Plan:
         except TypeError:
             statics = tuple(id(s) for s in self.statics)
         mask_shape = None if self.mask is None else tuple(self.mask.shape)
-        return (fn, self.treedef, tuple(self.kinds), statics, self.graphdef, shapes, mask_shape)
+        lifted = tuple(self.found.labels)
+        return (
+            function_key(fn),
+            self.treedef,
+            tuple(self.kinds),
+            statics,
+            self.graphdef,
+            lifted,
+            shapes,
+            mask_shape,
+        )
 
 
 def _check_outputs(out: Any) -> None:
@@ -175,6 +243,9 @@ class _Compiled:
         self.kinds = plan.kinds
         self.statics = plan.statics
         self.graphdef = plan.graphdef
+        self.found = plan.found
+        self.num_arg_nodes = plan.num_arg_nodes
+        self.lifted_index = plan.lifted_index
         self.has_mask = plan.mask is not None
         self.var_types = [type(v) for v in _variables(plan.node_state)] if plan.nodes else []
         self.out_varying: list[bool] | None = None
@@ -201,7 +272,10 @@ class _Compiled:
                 if aggregation.variable_aggregation(type(var)) == "per_replica_rng":
                     var.set_value(aggregation.per_replica_key(var.get_value(), axis))
             merged = nnx.merge(self.graphdef, node_state) if self.graphdef is not None else []
-            nodes, statics = iter(merged), iter(self.statics)
+            # optimizer.update sums unreduced gradients, as apply_gradients does in TF.
+            gradients.aggregate_optimizers(merged, axis)
+            nodes, statics = iter(merged[: self.num_arg_nodes]), iter(self.statics)
+            copies = [merged[i] for i in self.lifted_index]
             leaves = []
             for kind in self.kinds:
                 if kind == _NODE:
@@ -216,7 +290,7 @@ class _Compiled:
                     leaves.append(_to_varying(jnp.asarray(next(arrays)), axis))
             args, kwargs = jax.tree.unflatten(self.treedef, leaves)
             context = ReplicaContext(self.strategy, axis, mask)
-            with replica_scope(context):
+            with replica_scope(context), lifting.redirected(self.found, copies, "strategy.run"):
                 out = self.fn(*args, **kwargs)
             _check_outputs(out)
             out_leaves, out_treedef = jax.tree.flatten(out)
@@ -266,24 +340,40 @@ def run(strategy: Strategy, fn: Callable, args: tuple = (), kwargs: dict | None 
     """Runs `fn(*args, **kwargs)` once per replica; see the module docstring."""
     if not callable(fn):
         raise TypeError(f"strategy.run needs a function, got {fn!r}")
-    plan = _Plan(strategy, tuple(args), dict(kwargs or {}))
+    while True:  # bound arguments, and an NNX object's bound method's self, are arguments
+        if isinstance(fn, functools.partial):
+            args, kwargs = (*fn.args, *args), {**fn.keywords, **(kwargs or {})}
+            fn = fn.func
+        elif isinstance(fn, types.MethodType) and _is_node(fn.__self__):
+            args, fn = (fn.__self__, *args), fn.__func__
+        else:
+            break
+    plan = _Plan(strategy, fn, tuple(args), dict(kwargs or {}))
     key = plan.key(fn)
     compiled = strategy._run_cache.get(key)
     if compiled is None:
         try:
             compiled = _Compiled(strategy, fn, plan)
-        except flax_errors.TraceContextError as error:
-            # Only modules passed as arguments enter the replica function's trace; a module
-            # the function closes over cannot be written from inside it.
-            raise ValueError(
-                "the function passed to strategy.run changed an NNX module it closes over "
-                f"({error}); pass every module the function updates as an argument, e.g. "
-                "strategy.run(step, args=(model, batch))"
-            ) from error
+        except (flax_errors.TraceContextError, ValueError, TypeError) as error:
+            # A TF idiom that ends in a raw JAX / Flax error: an NNX object reached by a way
+            # phalanx did not search, a tape-style gradient of no arguments.
+            clear = lifting.translated("strategy.run", error)
+            if clear is None:
+                raise
+            raise clear from error
         strategy._run_cache[key] = compiled
+    compiled.found = plan.found  # the slots to redirect if jit traces the step again
     stacked, new_state = compiled.call(plan.node_state, plan.arrays, plan.mask)
     if plan.nodes:
-        nnx.update(plan.nodes, new_state)
+        try:
+            nnx.update(plan.nodes, new_state)
+        except flax_errors.TraceContextError as error:
+            raise ValueError(
+                "strategy.run was called inside jax.jit (or another JAX transform) with a step "
+                "that changes Flax NNX objects, whose new values cannot leave that trace. "
+                "Decorate the outer function with @phalanx.function instead of @jax.jit (as "
+                "@tf.function is written): it carries the objects through the compiled call"
+            ) from error
     mask = plan.mask
     outputs = []
     for value, varying in zip(stacked, compiled.out_varying, strict=True):

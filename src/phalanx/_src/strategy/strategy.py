@@ -12,18 +12,14 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from phalanx._src.strategy import device_strings, state
 from phalanx._src.strategy import reduce as reduce_lib
 from phalanx._src.strategy import run as run_lib
 from phalanx._src.strategy import sharding as sharding_lib
-from phalanx._src.strategy import state
-from phalanx._src.strategy.distribute import (
-    DistributedDataset,
-    InputContext,
-    PerReplicaBatches,
-    check_dataset,
-)
+from phalanx._src.strategy.distribute import InputContext, check_dataset
+from phalanx._src.strategy.distributed_input import DistributedDataset, PerReplicaBatches
 from phalanx._src.strategy.reduce_op import ReduceOp
-from phalanx._src.strategy.values import PerReplica
+from phalanx._src.strategy.values import PerReplica, local_results
 
 
 class Strategy:
@@ -37,16 +33,22 @@ class Strategy:
     communicates (`run`, `reduce`, distributing data).
 
     Args:
-      devices: the devices to use, in replica order. Default: all global devices
-        (`jax.devices()`), across processes.
+      devices: the devices to use, in replica order: `jax.Device`s or TF device strings
+        ('/gpu:0', '/device:GPU:1', '/job:localhost/replica:0/task:0/device:CPU:0'; see
+        `device_strings`). Default: all global devices (`jax.devices()`), across processes.
       axis_name: the name of the data axis.
       state_sharding: where `Model`'s train state lives. 'replicated' (default): a full
         copy on every replica. 'zero1': optimizer state sharded over the replicas (ZeRO-1).
         'fsdp': parameters sharded too, gathered where used (FSDP / ZeRO-3). Same numbers
         in every mode.
+      cross_device_ops: accepted for TF code (`tf.distribute.NcclAllReduce()`,
+        `HierarchicalCopyAllReduce()`...) and kept as `cross_device_ops`; it changes
+        nothing: XLA picks the collective for the platform and topology (NCCL on GPUs, the
+        ICI on TPUs, Gloo across CPU processes).
 
     Raises:
-      ValueError: for no devices, a repeated device, or an unknown `state_sharding`.
+      ValueError: for no devices, a repeated device, a device string naming no device,
+        devices of several platforms, or an unknown `state_sharding`.
 
     Example:
       >>> strategy = phalanx.Strategy()
@@ -58,13 +60,15 @@ class Strategy:
 
     def __init__(
         self,
-        devices: Sequence[jax.Device] | None = None,
+        devices: Sequence[jax.Device | str] | None = None,
         axis_name: str = "data",
         *,
         state_sharding: str = "replicated",
+        cross_device_ops: Any = None,
     ):
         self._state_sharding = sharding_lib.check_mode(state_sharding)
-        devices = list(jax.devices() if devices is None else devices)
+        self.cross_device_ops = cross_device_ops  # XLA chooses the all-reduce; see Args
+        devices = device_strings.resolve(devices)
         if not devices:
             raise ValueError("Strategy needs at least one device; got an empty list")
         if len({d.id for d in devices}) != len(devices):
@@ -214,6 +218,7 @@ class Strategy:
             lambda: source,
             global_batch_size=batch_size if isinstance(batch_size, int) else None,
             drop_remainder=drop_remainder,
+            source=dataset,
         )
 
     distribute = experimental_distribute_dataset
@@ -300,10 +305,11 @@ class Strategy:
 
         Inside `fn`: distributed batches and `PerReplica` values are this replica's share;
         everything else, including NNX modules and parameters, is this replica's own copy,
-        so `jax.grad` gives the replica's local gradient (reduce it with
-        `phalanx.get_replica_context().all_reduce("sum", grads)`, as tf.distribute's optimizer
-        does). NNX modules passed in are updated in place afterwards (replica 0's values, as
-        mirrored variables are; metric state summed over replicas).
+        so `jax.grad` gives the replica's local gradient, and `optimizer.update(model, grads)`
+        sums the replicas' gradients first, as TF's `apply_gradients` does (gradients already
+        reduced with `all_reduce` are not summed again). NNX modules passed in, or read by
+        `fn` from its closure or globals as TF steps read them, are updated in place
+        afterwards (replica 0's values, as mirrored variables are; metric state summed).
 
         Returns:
           `fn`'s output structure: leaves that are identical on every replica (results of
@@ -315,16 +321,15 @@ class Strategy:
             module...); the message names the output.
 
         Example:
-          >>> def step(model, optimizer, batch):
+          >>> def step(batch):                  # reads model and optimizer, as in TF
           ...     x, y = batch
           ...     def loss_fn(model):
           ...         per_example = optax.softmax_cross_entropy_with_integer_labels(model(x), y)
           ...         return phalanx.compute_average_loss(per_example)
           ...     loss, grads = nnx.value_and_grad(loss_fn)(model)
-          ...     grads = phalanx.get_replica_context().all_reduce("sum", grads)
-          ...     optimizer.update(model, grads)
+          ...     optimizer.update(model, grads)    # summed over replicas
           ...     return loss
-          >>> per_replica_loss = strategy.run(step, args=(model, optimizer, batch))
+          >>> per_replica_loss = strategy.run(step, args=(batch,))
           >>> loss = strategy.reduce("sum", per_replica_loss, axis=None)
         """
         return run_lib.run(self, fn, tuple(args), kwargs)
@@ -352,17 +357,13 @@ class Strategy:
         return reduce_lib.reduce(self, reduce_op, value, axis)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
-        """The per-replica parts of `value` on this process, as a tuple (one item per replica)."""
-        leaves, treedef = jax.tree.flatten(value, is_leaf=lambda x: isinstance(x, PerReplica))
-        if not any(isinstance(x, PerReplica) for x in leaves):
-            return (value,)
-        local = self.num_local_replicas
+        """The per-replica parts of `value` on this process, as a tuple (one item per replica).
+
+        A distributed batch gives each replica's share. A per-example value of a partial
+        batch keeps its real rows only, as in TF: a replica past the end of the data gives an
+        empty (0-row) value."""
         first = [d.process_index for d in self._devices].index(jax.process_index())
-        per_leaf = [
-            x.values[first : first + local] if isinstance(x, PerReplica) else (x,) * local
-            for x in leaves
-        ]
-        return tuple(jax.tree.unflatten(treedef, parts) for parts in zip(*per_leaf, strict=True))
+        return local_results(value, self.num_replicas_in_sync, first, self.num_local_replicas)
 
 
 class _ValueContext:

@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 import jax
+import numpy as np
 
 
 class PerReplica:
@@ -40,8 +41,42 @@ class PerReplica:
         """The per-replica values, in replica order (tf.distribute's `PerReplica.values`)."""
         return tuple(self.stacked[r] for r in range(self.stacked.shape[0]))
 
+    def local_values(self, first: int, count: int) -> tuple[jax.Array, ...]:
+        """Replicas `first .. first + count - 1`'s values, as `experimental_local_results`
+        gives them: a per-example value keeps only its real rows, so a replica past the end
+        of a partial batch gives an empty (0-row) value, as TF's does."""
+        parts = self.values[first : first + count]
+        if self.mask is None:
+            return parts
+        if isinstance(self.mask, jax.core.Tracer):
+            raise TypeError(
+                "experimental_local_results inside a compiled function (phalanx.function or "
+                "jax.jit) cannot drop a partial batch's padded rows: the row counts are only "
+                "known when it runs. Return the PerReplica value from the compiled function "
+                "and call strategy.experimental_local_results on it outside"
+            )
+        out = []
+        for replica, part in enumerate(parts, start=first):
+            keep = np.flatnonzero(_host_row(self.mask, replica))
+            out.append(part if keep.size == part.shape[0] else part[keep])
+        return tuple(out)
+
     def __repr__(self) -> str:
         return f"PerReplica(shape={tuple(self.stacked.shape)}, dtype={self.stacked.dtype})"
+
+
+def _host_row(x: jax.Array, row: int) -> np.ndarray:
+    """Row `row` of `x` on the host, read from this process's own shard when `x` spans
+    processes (only rows of local replicas are asked for)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x[row])
+    for shard in x.addressable_shards:
+        rows = shard.index[0] if shard.index else slice(None)
+        start = rows.start or 0
+        stop = x.shape[0] if rows.stop is None else rows.stop
+        if start <= row < stop:
+            return np.asarray(shard.data)[row - start]
+    raise ValueError(f"row {row} of the mask is not on this process")
 
 
 jax.tree_util.register_pytree_node(
@@ -185,3 +220,36 @@ def get_batch_mask(batch: Any) -> jax.Array | None:
       >>> phalanx.get_batch_mask(batch)        # all True except padded rows
     """
     return find_mask(batch)
+
+
+def _distributed_as_per_replica(value: Any, num_replicas: int) -> Any:
+    """A distributed batch's leaves as `PerReplica` values (replica r's rows at index r)."""
+
+    def split(leaf: Any, mask: Any) -> Any:
+        if not isinstance(leaf, jax.Array) or leaf.ndim == 0:
+            return leaf
+        stacked = leaf.reshape(num_replicas, leaf.shape[0] // num_replicas, *leaf.shape[1:])
+        return PerReplica(stacked, None if mask is None else mask.reshape(num_replicas, -1))
+
+    def visit(node: Any) -> Any:
+        if isinstance(node, PerReplica):
+            return node
+        if isinstance(node, MaskedBatch):
+            mask = node._phalanx_mask
+            return jax.tree.map(lambda leaf: split(leaf, mask), unmask(node))
+        mask = DISTRIBUTED.mask_of(node)
+        return split(node, mask) if mask is not None else node
+
+    return jax.tree.map(visit, value, is_leaf=lambda x: isinstance(x, PerReplica | MaskedBatch))
+
+
+def local_results(value: Any, num_replicas: int, first: int, count: int) -> tuple[Any, ...]:
+    """`experimental_local_results`: replicas `first .. first + count - 1`'s parts of `value`
+    (`PerReplica` results and distributed batches), one item per replica."""
+    value = _distributed_as_per_replica(value, num_replicas)
+    is_per_replica = lambda x: isinstance(x, PerReplica)  # noqa: E731
+    leaves, treedef = jax.tree.flatten(value, is_leaf=is_per_replica)
+    if not any(is_per_replica(x) for x in leaves):
+        return (value,)
+    per_leaf = [x.local_values(first, count) if is_per_replica(x) else (x,) * count for x in leaves]
+    return tuple(jax.tree.unflatten(treedef, parts) for parts in zip(*per_leaf, strict=True))

@@ -15,8 +15,11 @@ from phalanx._src.train.adapters import adapt
 from phalanx._src.train.api import keras_bridge, multi_output
 from phalanx._src.train.api import optimizers as optimizers_lib
 from phalanx._src.train.api import precision as precision_lib
+from phalanx._src.train.api.keras_bridge.losses import ModelOwnLoss
 from phalanx._src.train.api.metrics import registry as metrics_registry
+from phalanx._src.train.api.metrics import weighting
 from phalanx._src.train.api.metrics.mean import Mean
+from phalanx._src.train.api.optimizer_view import OptimizerView
 from phalanx._src.train.engine.accumulation import accumulate_gradients
 from phalanx._src.train.engine.engine import Engine
 from phalanx._src.train.engine.step import Steps
@@ -96,6 +99,9 @@ class Model:
         precision: str | precision_lib.Policy | None = None,
         loss_weights: Any = None,
         output_names: Sequence[str] | None = None,
+        weighted_metrics: Sequence[Any] | None = None,
+        extra_losses: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         """Configures training, as `keras.Model.compile`.
 
@@ -118,13 +124,24 @@ class Model:
           loss_weights: per-output loss weights (a dict or list matching `loss`), or a
             float for a single loss; the total loss is the weighted sum.
           output_names: names for a tuple / list output (default `output_1`, ...).
+          weighted_metrics: metrics weighed by `sample_weight` / `class_weight`, as in
+            Keras 3 (the `metrics` count every example once); see
+            `api.metrics.weighting`.
+          extra_losses: for an NNX module, `fn(module) -> scalar or list of scalars` added
+            to the loss once per global batch, like Keras's regularizers (e.g.
+            `lambda m: 1e-4 * jnp.sum(m.linear.kernel[...] ** 2)`); a Keras model's own
+            regularizers and `add_loss` terms are added without it.
+          **kwargs: a subclassed Keras model's own `compile` arguments (e.g. the
+            knowledge-distillation `Distiller`'s `student_loss_fn=`, `alpha=`), handed to
+            its `compile` so its `compute_loss` reads them.
 
         Raises:
           ValueError: for an unknown name or a non-positive step count, or when called
             inside the scope of another strategy than the model's (see `fit`).
+          TypeError: unknown keyword arguments, or `extra_losses` for a Keras model.
         """
         self._check_strategy("compile")
-        if loss is None:
+        if loss is None and not self.adapter.overrides_loss:
             raise ValueError(
                 "compile() needs a loss, e.g. loss='sparse_categorical_crossentropy' or a "
                 "function (y_true, y_pred) -> per-example loss"
@@ -133,17 +150,35 @@ class Model:
             _check_steps(steps_per_execution, "steps_per_execution")
         accumulation = _check_steps(gradient_accumulation_steps, "gradient_accumulation_steps")
         self.policy = precision_lib.get(precision)
+        self.adapter.compile_arguments(
+            {
+                "optimizer": optimizer,
+                "loss": loss,
+                "metrics": metrics,
+                "weighted_metrics": weighted_metrics,
+                "loss_weights": loss_weights,
+            },
+            kwargs,
+        )
+        self.adapter.set_extra_losses(extra_losses)
         with keras_bridge.keras_names(self.adapter.resolves_keras_names):
             self.loss, metric_objects = multi_output.resolve(
-                loss, metrics, loss_weights, output_names, metrics_registry.get
+                loss if loss is not None else ModelOwnLoss(),
+                metrics,
+                loss_weights,
+                output_names,
+                metrics_registry.get,
             )
+            taken = ["loss", *(m.name for m in metric_objects)]
+            weighted = weighting.resolve(weighted_metrics, self.loss, taken, metrics_registry.get)
             inner = optimizers_lib.get(optimizer)
         tx = self.policy.wrap_optimizer(accumulate_gradients(inner, accumulation))
         self.optimizer = tx
         self.steps_per_execution = steps_per_execution
         self.gradient_accumulation_steps = accumulation
         self.loss_tracker = Mean(name="loss")
-        self.metrics = metric_objects
+        self.metrics = metric_objects + weighted
+        self._weighted = tuple([False] * len(metric_objects) + [True] * len(weighted))
         names = [m.name for m in [self.loss_tracker, *self.metrics]]
         if len(set(names)) != len(names):
             raise ValueError(f"metric names must be unique, got {names}; pass name=... to one")
@@ -162,12 +197,13 @@ class Model:
             adapter=self.adapter,
             metrics_graphdef=metrics_graphdef,
             loss=self.loss,
-            tx=self.optimizer,
+            tx=self._tx,
+            weighted=self._weighted,
         )
         state = {
             "params": params,
             "rest": rest,
-            "opt": self.optimizer.init(params),
+            "opt": self._tx.init(params),
             "metrics": metrics_state,
         }
         log_names = [m.name for m in (self.loss_tracker, *self.metrics)]
@@ -237,6 +273,23 @@ class Model:
             self.engine.update_state(params=self.policy.cast_to_param(params), rest=rest)
 
     @property
+    def optimizer(self) -> OptimizerView | None:
+        """The compiled optimizer as Keras code reads it: `learning_rate` (settable between
+        steps, e.g. from a callback) and `iterations`; None before `compile`, as in Keras."""
+        if getattr(self, "_tx", None) is None:
+            return None
+        return OptimizerView(
+            lambda: self.engine.state["opt"],
+            lambda opt: self.engine.update_state(opt=opt),
+            lambda: self.engine.train_step_count,
+            self._tx,
+        )
+
+    @optimizer.setter
+    def optimizer(self, tx: optax.GradientTransformation) -> None:
+        self._tx = tx  # the transformation compile built (wrapped for precision, accumulation)
+
+    @property
     def learning_rate(self) -> float:
         """The optimizer's current learning rate (settable between steps)."""
         self._check_compiled("learning_rate")
@@ -247,6 +300,51 @@ class Model:
         self._check_compiled("learning_rate")
         opt = optimizers_lib.set_learning_rate(self.engine.state["opt"], value)
         self.engine.update_state(opt=opt)
+
+    @property
+    def losses(self) -> list[Any]:
+        """The extra loss terms for the current weights, as Keras's `model.losses`: a Keras
+        model's regularizer losses (and `add_loss` terms of its last eager call); an NNX
+        module's `compile(extra_losses=...)` terms. Training adds them to the loss."""
+        state = self.engine.state
+        params, rest = (
+            (state["params"], state["rest"]) if state is not None else self.adapter.variables()
+        )
+        return self.adapter.current_losses(params, rest)
+
+    def save_weights(self, filepath: str | Any, overwrite: bool = True) -> None:
+        """Writes the weights: a Keras model to Keras's `.weights.h5` (loadable by plain
+        Keras), an NNX module to a phalanx checkpoint directory; see
+        `checkpoint.weights_files`.
+
+        Example:
+          >>> model.save_weights("final.weights.h5")     # a Keras model
+        """
+        from phalanx._src.train.checkpoint import weights_files
+
+        weights_files.save_weights(self, filepath, overwrite)
+
+    def load_weights(self, filepath: str | Any) -> None:
+        """Reads weights written by `save_weights` / `save` (or by Keras itself for a
+        Keras model); the optimizer's state is left as it is.
+
+        Example:
+          >>> model.load_weights("final.weights.h5")
+        """
+        from phalanx._src.train.checkpoint import weights_files
+
+        weights_files.load_weights(self, filepath)
+
+    def save(self, filepath: str | Any, overwrite: bool = True) -> None:
+        """Saves the model: a Keras model as Keras's `.keras` file (`keras.models.load_model`
+        reads it), an NNX module as a phalanx checkpoint directory.
+
+        Example:
+          >>> model.save("model.keras")
+        """
+        from phalanx._src.train.checkpoint import weights_files
+
+        weights_files.save(self, filepath, overwrite)
 
     def load_checkpoint(self, directory: str | Any, step: int | None = None) -> dict[str, Any]:
         """Restores the training state saved by `ModelCheckpoint` (or `BackupAndRestore`).

@@ -1,7 +1,9 @@
 """Model adapters: one per framework, chosen by `adapt`; see `protocol.ModelAdapter`.
 
 The engine sees a model only through its adapter: its variables as `(params, rest)`, a
-pure `apply`, and assigning trained values back to the user's object. A new framework adds
+pure `apply` (and `apply_with_losses`: the losses the model adds itself, such as Keras's
+regularizers), and assigning trained values back to the user's object. `keras_loss` runs a
+subclassed Keras model's own `compute_loss` and `compile`. A new framework adds
 an adapter class to `ADAPTERS` and nothing else changes.
 
 May import: `api` (precision, the Keras bridge) and the strategy layer; nothing above.

@@ -19,8 +19,15 @@
   BatchNormalization keeps float32 statistics.
 - keras is imported only when a Keras model was already built, i.e. never by phalanx itself.
 
-Not carried: losses a layer adds with `add_loss` or `kernel_regularizer` (the protocol's
-forward pass returns outputs only); compile a loss that includes them instead.
+- **Losses the model adds.** `apply_with_losses` returns Keras's `model.losses` of the call
+  (weight regularizers on the step's parameters, `add_loss`, activity regularizers), each
+  summed to a float32 scalar as Keras's trainer does; the step adds them once per global
+  batch, in training and in evaluation, as Keras's `compute_loss` does.
+- **Extension points.** An overridden `compute_loss` is called as Keras's `fit` calls it
+  (`keras_loss`). An overridden `train_step`, `test_step` or `predict_step` is refused when
+  the model is wrapped: phalanx compiles its own steps, and running the user's (written
+  against Keras's optimizer and metric variables) would silently skip it or give other
+  numbers.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from phalanx._src.train.adapters import keras_loss
 from phalanx._src.train.api import precision
 from phalanx._src.train.api.keras_bridge import is_keras_object
 
@@ -107,6 +115,41 @@ def _masked_batch_norm(keras_model: Any, mask: jax.Array | None) -> Iterator[Non
 
 
 @contextlib.contextmanager
+def _masked_activity_regularizers(keras_model: Any, mask: jax.Array | None) -> Iterator[None]:
+    """While tracing a padded batch: activity regularizers see the real rows only.
+
+    Keras adds `regularizer(output) / batch_size` per layer call; on a padded batch that
+    would count the padding rows, so each regularizer gets the output with its padded rows
+    zeroed and its result is rescaled from the padded to the real row count. For Keras's
+    L1 / L2 / L1L2 (a sum over elements, 0 at 0) that is Keras's value on the real rows."""
+    if mask is None:
+        yield
+        return
+    layers = [
+        layer
+        for layer in keras_model._flatten_layers(include_self=False)
+        if getattr(layer, "activity_regularizer", None) is not None
+    ]
+    originals = [layer.activity_regularizer for layer in layers]
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    for layer, regularizer in zip(layers, originals, strict=True):
+
+        def masked(output, _regularizer=regularizer):
+            if output.ndim == 0 or output.shape[:1] != mask.shape:
+                return _regularizer(output)
+            rows = mask.reshape((-1,) + (1,) * (output.ndim - 1)) > 0
+            kept = jnp.where(rows, output, jnp.zeros((), output.dtype))
+            return _regularizer(kept) * (mask.shape[0] / count).astype(output.dtype)
+
+        layer.activity_regularizer = masked
+    try:
+        yield
+    finally:
+        for layer, regularizer in zip(layers, originals, strict=True):
+            layer.activity_regularizer = regularizer
+
+
+@contextlib.contextmanager
 def _compute_dtype(keras_model: Any, policy: Any) -> Iterator[None]:
     """While tracing: layers on Keras's 'float32' policy follow phalanx's mixed `policy`."""
     if policy is None or policy.compute_dtype == jnp.float32:
@@ -149,9 +192,11 @@ class KerasAdapter:
                 "phalanx.Model(...), e.g. start a Sequential with keras.Input(shape=...), or "
                 "call model.build(input_shape) / model(x) on one batch"
             )
+        _refuse_custom_steps(model)
         self.model = model
         self._policy: Any = None
         self._call_has_training = "training" in _call_arguments(model)
+        self.overrides_loss = keras_loss.overridden(model, "compute_loss")
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -166,23 +211,68 @@ class KerasAdapter:
         state = [jnp.array(v.value, copy=True) for v in self.model.non_trainable_variables]
         return params, state
 
+    def _policy_now(self) -> Any:
+        # Before compile (a custom loop's step): the global policy, as Keras layers use theirs.
+        return self._policy if self._policy is not None else precision.get(None)
+
     def apply(
         self, params: Any, state: Any, inputs: Any, *, training: bool, mask: jax.Array
     ) -> tuple[Any, Any]:
-        # Before compile (a custom loop's step): the global policy, as Keras layers use theirs.
-        policy = self._policy if self._policy is not None else precision.get(None)
+        outputs, new_state, _ = self.apply_with_losses(
+            params, state, inputs, training=training, mask=mask
+        )
+        return outputs, new_state
+
+    def apply_with_losses(
+        self, params: Any, state: Any, inputs: Any, *, training: bool, mask: jax.Array
+    ) -> tuple[Any, Any, list[jax.Array]]:
+        policy = self._policy_now()
         kwargs = {"training": training} if self._call_has_training else {}
         inputs = policy.cast_to_compute(inputs)
         with (
             _compute_dtype(self.model, policy),
             _masked_batch_norm(self.model, mask if training else None),
+            _masked_activity_regularizers(self.model, mask),
         ):
-            outputs, new_state = self.model.stateless_call(
-                list(params), list(state), inputs, **kwargs
+            outputs, new_state, losses = self.model.stateless_call(
+                list(params), list(state), inputs, return_losses=True, **kwargs
             )
+        # Keras's `_aggregate_additional_loss`: each term summed to a scalar.
+        losses = [jnp.sum(jnp.asarray(loss, jnp.float32)) for loss in losses]
         if not training:  # inference leaves every variable as it was (protocol)
-            return outputs, state
-        return outputs, list(new_state)
+            return outputs, state, losses
+        return outputs, list(new_state), losses
+
+    def set_extra_losses(self, fn: Any) -> None:
+        if fn is not None:
+            raise TypeError(
+                "compile(extra_losses=...) is for Flax NNX modules; a Keras model carries its "
+                "own losses: give its layers kernel_regularizer= / activity_regularizer=, call "
+                "self.add_loss(...) in call(), or override compute_loss"
+            )
+
+    def compile_arguments(self, arguments: dict[str, Any], custom: dict[str, Any]) -> None:
+        keras_loss.compile_model(self.model, arguments, custom)
+
+    def current_losses(self, params: Any, state: Any) -> list[jax.Array]:
+        self.assign(params, state)
+        return [jnp.asarray(loss) for loss in self.model.losses]
+
+    def model_loss(
+        self,
+        params: Any,
+        state: Any,
+        losses: list[jax.Array],
+        batch: tuple[Any, Any, Any],
+        y_pred: Any,
+        mask: jax.Array | None,
+        *,
+        training: bool,
+    ) -> tuple[jax.Array, Any]:
+        with _compute_dtype(self.model, self._policy_now()):
+            return keras_loss.per_example(
+                self.model, params, state, losses, batch, y_pred, mask, training
+            )
 
     def assign(self, params: Any, state: Any) -> None:
         # Host copies: Keras's own jitted functions then place them as they need.
@@ -211,6 +301,28 @@ class KerasAdapter:
                 )
         self.model.set_weights(weights)
         return self.variables()
+
+
+_STEP_ADVICE = {
+    "train_step": "move the loss into compute_loss(self, x, y, y_pred, sample_weight, "
+    "training) and the metrics into compile(metrics=...), which phalanx runs under the "
+    "strategy, or train with Keras's own model.fit",
+    "test_step": "move the loss into compute_loss and the metrics into compile(metrics=...), "
+    "or evaluate with Keras's own model.evaluate",
+    "predict_step": "post-process the outputs of phalanx's predict (or put the computation "
+    "in call()), or predict with Keras's own model.predict",
+}
+
+
+def _refuse_custom_steps(keras_model: Any) -> None:
+    """TypeError for a model whose class overrides Keras's train/test/predict step."""
+    for method, advice in _STEP_ADVICE.items():
+        if keras_loss.overridden(keras_model, method):
+            raise TypeError(
+                f"{type(keras_model).__name__} overrides keras.Model.{method}, which phalanx "
+                f"does not run (it compiles its own step, so yours would be skipped); "
+                f"{advice}"
+            )
 
 
 def _call_arguments(model: Any) -> set[str]:

@@ -22,6 +22,9 @@
   including layers whose `dtype` defaults to float32 (`nnx.Embed`). A layer built with an
   explicit half-precision or float64 `dtype` keeps it. Normalisation statistics stay float32
   (flax computes them in at least float32); parameters are cast for the forward pass only.
+- **Extra losses.** `compile(extra_losses=fn)` adds `fn(module)` (a scalar or a list of
+  scalars, e.g. an L2 penalty on the weights) to the loss once per global batch, as Keras
+  adds its regularizers; `fn` sees the module holding the step's float32 parameters.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ class NNXAdapter:
         self.model = model
         self._policy: Any = None
         self._graphdefs: dict[bool, Any] = {}
+        self._extra_losses: Any = None
+
+    overrides_loss = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -136,6 +142,41 @@ class NNXAdapter:
     def variables(self) -> tuple[Any, Any]:
         _, params, state = nnx.split(self.model, nnx.Param, ...)
         return params, state
+
+    def set_extra_losses(self, fn: Any) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError(
+                f"extra_losses must be a function module -> scalar (or list of scalars), got "
+                f"{fn!r}; e.g. extra_losses=lambda m: 1e-4 * jnp.sum(m.linear.kernel[...] ** 2)"
+            )
+        self._extra_losses = fn
+
+    def compile_arguments(self, arguments: dict[str, Any], custom: dict[str, Any]) -> None:
+        if custom:
+            raise TypeError(
+                f"compile() got unexpected keyword arguments {sorted(custom)}; an NNX module "
+                "takes compile's own arguments only (extra loss terms: extra_losses=fn)"
+            )
+
+    def current_losses(self, params: Any, state: Any) -> list[jax.Array]:
+        if self._extra_losses is None:
+            return []
+        module = nnx.merge(nnx.graphdef(self.model), params, state, copy=True)
+        found = self._extra_losses(module)
+        terms = list(found) if isinstance(found, list | tuple) else [found]
+        for term in terms:
+            if jnp.size(term) != 1:
+                raise ValueError(
+                    f"extra_losses returned a term of shape {jnp.shape(term)}; return scalars "
+                    "(e.g. jnp.sum(w ** 2)), one per term"
+                )
+        return [jnp.asarray(t, jnp.float32).reshape(()) for t in terms]
+
+    def apply_with_losses(
+        self, params: Any, state: Any, inputs: Any, *, training: bool, mask: jax.Array
+    ) -> tuple[Any, Any, list[jax.Array]]:
+        outputs, new_state = self.apply(params, state, inputs, training=training, mask=mask)
+        return outputs, new_state, self.current_losses(params, state)
 
     def apply(
         self, params: Any, state: Any, inputs: Any, *, training: bool, mask: jax.Array

@@ -75,6 +75,54 @@ class ModelAdapter(Protocol):
         """
         ...
 
+    def apply_with_losses(
+        self, params: Any, state: Any, inputs: Any, *, training: bool, mask: jax.Array
+    ) -> tuple[Any, Any, list[jax.Array]]:
+        """`apply`, also returning the losses the model adds itself, as float32 scalars:
+        Keras's `model.losses` of this call (weight regularizers, `add_loss`, activity
+        regularizers, each summed to a scalar), or what an NNX model's `extra_losses`
+        function returns. The step adds their sum once per global batch (not per example
+        or per replica), as Keras's `compute_loss` and tf.distribute's
+        `scale_regularization_loss` do."""
+        ...
+
+    def compile_arguments(self, arguments: dict[str, Any], custom: dict[str, Any]) -> None:
+        """Receives `compile`'s standard `arguments` (by name) and the `custom` keyword
+        arguments phalanx does not know: the Keras adapter hands them to a subclassed
+        model's own `compile`; raises TypeError for custom arguments nobody takes."""
+        ...
+
+    def set_extra_losses(self, fn: Any) -> None:
+        """Sets `compile(extra_losses=fn)`; raises TypeError for a framework whose models
+        carry their losses themselves (Keras)."""
+        ...
+
+    def current_losses(self, params: Any, state: Any) -> list[jax.Array]:
+        """The extra loss terms for `params` / `state` now (what `Model.losses` returns)."""
+        ...
+
+    # Whether the model computes its loss itself (Keras's overridden `compute_loss`); the
+    # step then calls `model_loss` (which only such adapters define) instead of the
+    # compiled loss.
+    overrides_loss: bool
+
+    def model_loss(
+        self,
+        params: Any,
+        state: Any,
+        losses: list[jax.Array],
+        batch: tuple[Any, Any, Any],
+        y_pred: Any,
+        mask: jax.Array | None,
+        *,
+        training: bool,
+    ) -> tuple[jax.Array, Any]:
+        """The model's own loss as per-example values `(rows,)` whose mean over the real
+        rows is the model's loss of those rows, and the state it leaves; only when
+        `overrides_loss`. `batch` is `(x, y, sample_weight)`; `losses` as
+        `apply_with_losses` returned them; `mask` None when every row is real."""
+        ...
+
     def assign(self, params: Any, state: Any) -> None:
         """Writes `params` and `state` into the user's model object, so the framework's own
         tools (saving, its own evaluate, calling the model) see the trained values."""

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -99,11 +100,23 @@ def _snake(name: str) -> str:
     return out
 
 
+REDUCTIONS = ("none", "sum", "sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
 class Loss:
     """Base class: a named callable returning one float32 loss per example.
 
     Subclasses implement `call(y_true, y_pred)` returning values of any shape whose first axis
     is the batch; `__call__` casts to float32 and means the trailing axes.
+
+    `reduction` is Keras 3's: 'none' (or None; phalanx's default: one value per example),
+    'sum', 'sum_over_batch_size' (Keras 3's default; 'mean' is the same), or
+    'mean_with_sample_weight'. Inside `strategy.run`, 'sum_over_batch_size' gives the
+    replica's share of the global-batch mean (`compute_average_loss`: padded rows never
+    count), so summed over replicas it equals one device's mean, as TF recommends; 'sum' and
+    'mean_with_sample_weight' reduce the replica's real rows. `compile` always uses the
+    per-example values (the step averages them over the global batch), whatever the
+    reduction.
 
     Example:
       >>> class Huber(Loss):
@@ -112,13 +125,32 @@ class Loss:
       >>> Huber(name="huber")(y, p).shape   # (batch,)
     """
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, reduction: str | None = "none") -> None:
         self.name = name or _snake(type(self).__name__)
+        self.reduction = _check_reduction(reduction, self.name)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
         raise NotImplementedError
 
-    def __call__(self, y_true: Any, y_pred: Any) -> jax.Array:
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> jax.Array:
+        """The loss of each example, or their reduction when `reduction` is not 'none'
+        (`sample_weight`, one weight per example or a scalar, weighs them first)."""
+        values = self.per_example(y_true, y_pred)
+        reduction = getattr(self, "reduction", "none")  # a subclass may skip our __init__
+        if reduction == "none":
+            return values if sample_weight is None else values * _weights(sample_weight, values)
+        return _reduce(values, sample_weight, reduction)
+
+    def unreduced(self) -> Loss:
+        """This loss with reduction 'none' (itself when it already is)."""
+        if getattr(self, "reduction", "none") == "none":
+            return self
+        clone = copy.copy(self)
+        clone.reduction = "none"
+        return clone
+
+    def per_example(self, y_true: Any, y_pred: Any) -> jax.Array:
+        """One float32 loss per example, shape (batch,), whatever the reduction."""
         if isinstance(y_pred, dict | list | tuple):
             outputs = list(y_pred) if isinstance(y_pred, dict) else f"{len(y_pred)} outputs"
             raise ValueError(
@@ -131,4 +163,52 @@ class Loss:
         return _per_example(values)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
+        reduction = getattr(self, "reduction", "none")
+        reduction = "" if reduction == "none" else f", reduction={reduction!r}"
+        return f"{type(self).__name__}(name={self.name!r}{reduction})"
+
+
+def _check_reduction(reduction: Any, name: str) -> str:
+    if reduction is None:
+        return "none"
+    if isinstance(reduction, str) and reduction.lower() in REDUCTIONS:
+        return reduction.lower()
+    raise ValueError(
+        f"loss {name!r} got reduction={reduction!r}; legal values are {list(REDUCTIONS)} or "
+        "None (Keras 3's names; TF's Reduction.NONE / SUM / SUM_OVER_BATCH_SIZE are 'none', "
+        "'sum', 'sum_over_batch_size'), e.g. reduction='none' for a custom training loop"
+    )
+
+
+def _weights(sample_weight: Any, values: jax.Array) -> jax.Array:
+    weight = jnp.asarray(sample_weight, jnp.float32)
+    if weight.ndim == values.ndim + 1 and weight.shape[-1] == 1:
+        weight = jnp.squeeze(weight, -1)
+    try:
+        return jnp.broadcast_to(weight, values.shape)
+    except ValueError:
+        raise ValueError(
+            f"sample_weight of shape {weight.shape} does not match the {values.shape[0]} "
+            "examples of the batch; give one weight per example, shape (batch,), or a scalar"
+        ) from None
+
+
+def _reduce(values: jax.Array, sample_weight: Any, reduction: str) -> jax.Array:
+    """Keras 3's reductions of per-example `values`, with the replica's padding mask."""
+    from phalanx._src.strategy.loss import compute_average_loss
+    from phalanx._src.strategy.replica_context import current_example_mask
+
+    if values.ndim == 0:
+        return values
+    weights = None if sample_weight is None else _weights(sample_weight, values)
+    if reduction in ("sum_over_batch_size", "mean"):
+        return compute_average_loss(values, sample_weight=weights)
+    mask = current_example_mask(values.shape[0])
+    if mask is not None:
+        weights = mask if weights is None else weights * mask
+    weighted = values if weights is None else jnp.where(weights != 0, values * weights, 0.0)
+    total = jnp.sum(weighted)
+    if reduction == "sum":
+        return total
+    count = jnp.sum(weights) if weights is not None else jnp.float32(values.size)
+    return jnp.where(count == 0, 0.0, total / jnp.where(count == 0, 1.0, count))

@@ -39,6 +39,7 @@ class SparseCategoricalCrossentropy(Loss):
     Args:
       from_logits: whether `y_pred` is logits (recommended: more stable) or probabilities.
       name: the loss's name in logs.
+      reduction: see `Loss`; default 'none' (one value per example).
 
     Example:
       >>> loss = SparseCategoricalCrossentropy(from_logits=True)
@@ -46,8 +47,13 @@ class SparseCategoricalCrossentropy(Loss):
       (2,)
     """
 
-    def __init__(self, from_logits: bool = False, name: str = "sparse_categorical_crossentropy"):
-        super().__init__(name)
+    def __init__(
+        self,
+        from_logits: bool = False,
+        name: str = "sparse_categorical_crossentropy",
+        reduction: str | None = "none",
+    ):
+        super().__init__(name, reduction)
         self.from_logits = from_logits
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
@@ -76,8 +82,9 @@ class CategoricalCrossentropy(Loss):
         from_logits: bool = False,
         label_smoothing: float = 0.0,
         name: str = "categorical_crossentropy",
+        reduction: str | None = "none",
     ):
-        super().__init__(name)
+        super().__init__(name, reduction)
         self.from_logits = from_logits
         self.label_smoothing = _check_smoothing(label_smoothing)
 
@@ -119,8 +126,9 @@ class BinaryCrossentropy(Loss):
         from_logits: bool = False,
         label_smoothing: float = 0.0,
         name: str = "binary_crossentropy",
+        reduction: str | None = "none",
     ):
-        super().__init__(name)
+        super().__init__(name, reduction)
         self.from_logits = from_logits
         self.label_smoothing = _check_smoothing(label_smoothing)
 
@@ -141,8 +149,8 @@ class MeanSquaredError(Loss):
       >>> MeanSquaredError()(jnp.array([[1.0, 2.0]]), jnp.array([[1.0, 0.0]]))   # [2.0]
     """
 
-    def __init__(self, name: str = "mean_squared_error"):
-        super().__init__(name)
+    def __init__(self, name: str = "mean_squared_error", reduction: str | None = "none"):
+        super().__init__(name, reduction)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
         y_true, y_pred = align_rank(_float32(y_true), y_pred)
@@ -156,8 +164,8 @@ class MeanAbsoluteError(Loss):
       >>> MeanAbsoluteError()(jnp.array([[1.0, 2.0]]), jnp.array([[1.0, 0.0]]))   # [1.0]
     """
 
-    def __init__(self, name: str = "mean_absolute_error"):
-        super().__init__(name)
+    def __init__(self, name: str = "mean_absolute_error", reduction: str | None = "none"):
+        super().__init__(name, reduction)
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
         y_true, y_pred = align_rank(_float32(y_true), y_pred)
@@ -167,8 +175,8 @@ class MeanAbsoluteError(Loss):
 class FunctionLoss(Loss):
     """Wraps a plain function `(y_true, y_pred) -> per-example values` as a `Loss`."""
 
-    def __init__(self, fn: LossFn, name: str | None = None):
-        super().__init__(name or getattr(fn, "__name__", "loss"))
+    def __init__(self, fn: LossFn, name: str | None = None, reduction: str | None = "none"):
+        super().__init__(name or getattr(fn, "__name__", "loss"), reduction)
         self.fn = fn
 
     def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
@@ -255,7 +263,9 @@ def get(identifier: str | Loss | LossFn, **kwargs: Any) -> Loss:
             f"the instance {identifier!r} directly instead"
         )
     if isinstance(identifier, Loss):
-        return identifier
+        # The step weighs, masks and averages per-example values itself (one place for the
+        # global-batch denominator), so a loss built with a Keras reduction is used unreduced.
+        return identifier.unreduced()
     if callable(identifier):
         return FunctionLoss(identifier)
     raise TypeError(

@@ -1,7 +1,9 @@
 """Checkpoints: files and their record (checksums, checked before anything loads), their
 layout, the folder's lock, Orbax for several processes, the checkpoint callbacks
 (`ModelCheckpoint`, `BackupAndRestore`) and preemption (SIGTERM: back up at one agreed
-step, exit 143).
+step, exit 143); and, written by the same checkpointer, `phalanx.Checkpoint`,
+`CheckpointManager` and `latest_checkpoint` for custom loops (`tf_checkpoint`, `manager`,
+`tracked`: the objects a Checkpoint holds).
 
 A checkpoint holds the `Engine`'s state and a JSON record (fit's position, the data
 iterator's). The callbacks reach the state through `model.engine` (`state`,

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 _SHAPE_WORDS = re.compile(r"shape|dimension|rank|size", re.IGNORECASE)
 _KEY = "boundary_check"  # engine.cache[(_KEY, signature)] -> output spec
+_CONV_KEY = "convolution"  # engine.cache[_CONV_KEY] -> whether the forward pass convolves
 # Who reads the data ('fit', 'validation', 'evaluate'): its name, and how to give it labels.
 _DATA_NAMES = {"fit": "fit's data", "validation": "validation_data", "evaluate": "evaluate's data"}
 _PASS_LABELS = {
@@ -114,18 +115,41 @@ def output_spec(engine: Engine, x: Any) -> Any:
         mask = jnp.ones((rows,), jnp.float32)
         return adapter.apply(params, rest, inputs, training=False, mask=mask)[0]
 
-    state = engine.state
+    state = engine.abstract_state()  # shapes only: the packed state is not unpacked
     try:
-        spec = jax.eval_shape(
-            forward, _abstract(state["params"]), _abstract(state["rest"]), _abstract(x)
+        # One trace gives the output shapes and, from the program, `has_convolution`.
+        traced, spec = jax.make_jaxpr(forward, return_shape=True)(
+            _abstract(state["params"]), _abstract(state["rest"]), _abstract(x)
         )
     except (TypeError, ValueError, IndexError) as err:
         if not _SHAPE_WORDS.search(str(err)):
             raise  # not about shapes: the model's own error, unchanged
         raise _shape_error(engine, x, err) from err
     engine.cache[key] = spec
+    engine.cache[_CONV_KEY] = _convolves(traced.jaxpr)
     engine.input_spec = _abstract(x)  # for model.summary()
     return spec
+
+
+def has_convolution(engine: Engine, x: Any) -> bool:
+    """Whether the model's forward pass on inputs like `x` has a convolution, from the trace
+    `output_spec` made (or makes now, once)."""
+    if _CONV_KEY not in engine.cache:
+        output_spec(engine, x)
+    return engine.cache[_CONV_KEY]
+
+
+def _convolves(jaxpr: Any) -> bool:
+    """Whether `jaxpr`, or a program nested in it (jit, scan, cond, custom_vjp), convolves."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            return True
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(inner, "eqns") and _convolves(inner):
+                    return True
+    return False
 
 
 def _shape_error(engine: Engine, x: Any, err: Exception) -> Exception:

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from phalanx._src.strategy.strategy import Strategy
 from phalanx._src.train.adapters.protocol import ModelAdapter
@@ -157,8 +158,22 @@ class Engine:
             packing = Packing.of(treedef, leaves, metrics, arrays=replicated)
             if packing != self._packing:  # else keep the one the compiled calls know
                 self._packing = packing
-            self._leaves = self._packing.pack(leaves)
+            self._leaves = self._packing.pack_placed(leaves)
         return self._leaves, self._packing
+
+    def abstract_state(self) -> dict:
+        """The state's structure as `jax.ShapeDtypeStruct`s with their shardings, for a
+        trace; unlike `state`, it never splits the packed vectors (a compiled call of its
+        own the first time)."""
+        if self._tree is not None:
+            return jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(
+                    a.shape, a.dtype, sharding=getattr(a, "sharding", None)
+                ),
+                self._tree,
+            )
+        leaves, packing = self.leaves()
+        return jax.tree.unflatten(packing.treedef, packing.abstract(leaves))
 
     def set_leaves(self, leaves: list, last_logs: Any = None) -> None:
         """The state (packed leaves) after a compiled call, with the logs of its metric sums."""
@@ -195,10 +210,15 @@ class Engine:
         made = self.cache.get("zero_metrics")
         if made is None or made[0] is not packing:
             repl = self.strategy.replicated_sharding
-            zeros = jax.jit(
-                lambda metrics: [jnp.zeros_like(m) for m in metrics], out_shardings=repl
-            )
-            made = self.cache["zero_metrics"] = (packing, zeros(leaves[:n]))
+            # Placed from the host: nothing to compile before the first step (a weakly
+            # typed sum keeps its type, so the calls see the signature they compiled for).
+            zeros = [
+                jnp.zeros_like(m)
+                if getattr(m, "weak_type", False)
+                else _replicate(np.zeros(m.shape, m.dtype), repl)
+                for m in leaves[:n]
+            ]
+            made = self.cache["zero_metrics"] = (packing, zeros)
         self.set_leaves([*made[1], *leaves[n:]])
 
     def fetch_logs(self, values: list[jax.Array] | None = None) -> dict[str, float]:
@@ -233,3 +253,8 @@ class Engine:
         """Runs the step hooks (the loop calls it after each training execution)."""
         for hook in self._step_hooks:
             hook(steps, feeder)
+
+
+def _replicate(host: np.ndarray, sharding: Any) -> jax.Array:
+    """`host` on every device of the replicated `sharding` (any process count)."""
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

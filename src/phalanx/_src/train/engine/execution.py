@@ -14,9 +14,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 from jax import lax
 
-from phalanx._src.train.engine.step import log_values, scanned
+from phalanx._src.train.engine import checks
+from phalanx._src.train.engine.step import log_values, scanned, unpack
 
 if TYPE_CHECKING:
     from phalanx._src.train.engine.engine import Engine
@@ -78,7 +80,7 @@ def _jit_phase(engine: Engine, phase: str, many: bool, packing: Packing) -> Call
             return out[:n], out[n:], logs, _next(cursor)
 
         # The state keeps its layout: replicated, or sharded by Strategy(state_sharding=...).
-        state = engine.state
+        state = engine.abstract_state()  # shapes only: reading `state` would unpack it
         prefix = engine.strategy.train_state_shardings(state)
         shardings = packing.shardings(
             treedef.flatten_up_to(jax.tree.broadcast(prefix, state)), repl
@@ -105,17 +107,29 @@ def compiled(engine: Engine, phase: str, many: bool, packing: Packing) -> Callab
 
 
 def choose_mode(engine: Engine, source: Any, batch: Any, mask: jax.Array) -> str:
-    """SCAN, unless the step has a convolution and runs on XLA:CPU (then LOOP)."""
+    """SCAN, unless the model has a convolution and runs on XLA:CPU (then LOOP)."""
     mode = engine.cache.get("mode")
     if mode is None:
-        mode = SCAN
-        if engine.strategy.devices[0].platform == "cpu":
-            step = _with_source(engine.steps.train, source)
-            hlo = jax.jit(step).lower(engine.state, batch, mask).as_text()
-            if "convolution" in hlo:
-                mode = LOOP
+        mode = _mode(engine, source, batch)
         engine.cache["mode"] = mode
     return mode
+
+
+def _mode(engine: Engine, source: Any, batch: Any) -> str:
+    """SCAN or LOOP for batches like `batch` (row numbers when `source` is given).
+
+    The model's forward pass as the boundary check traced it (`checks.has_convolution`)
+    tells: no second trace of the step, and no lowering of a program that would hold
+    device-resident data (lowering the step that closed over a 160 MB dataset and printing
+    it took ~2 s and ~500 MB before the first step, issue 23). A convolution in the forward
+    pass is one in the backward pass too."""
+    if engine.strategy.devices[0].platform != "cpu":
+        return SCAN
+    if source is not None:
+        rows = np.shape(batch)[0]
+        batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), source)
+    x, _, _ = unpack(batch)
+    return LOOP if checks.has_convolution(engine, x) else SCAN
 
 
 def predict_fn(engine: Engine, many: bool = False) -> Callable:
@@ -146,10 +160,5 @@ def predict_mode(engine: Engine, source: Any, batch: Any) -> str:
     """SCAN (K batches per call), unless the model has a convolution on XLA:CPU (LOOP)."""
     mode = engine.cache.get("predict_mode")
     if mode is None:
-        mode = SCAN
-        if engine.strategy.devices[0].platform == "cpu":
-            hlo = predict_fn(engine).lower(engine.state, source, batch).as_text()
-            if "convolution" in hlo:
-                mode = LOOP
-        engine.cache["predict_mode"] = mode
+        mode = engine.cache["predict_mode"] = _mode(engine, source, batch)
     return mode

@@ -11,6 +11,12 @@ The steps see the model only through its adapter (`adapters.protocol.ModelAdapte
 train step runs it in training mode and carries its updated `rest` (new batch statistics,
 advanced RNG counters); evaluate and predict run it in inference mode and leave `rest` as
 it is.
+
+The loss is Keras's: the compiled loss's weighted mean over the real examples, plus the
+losses the model adds itself (regularizers, `add_loss`, NNX `extra_losses`) once per global
+batch, in training and in evaluation; or the model's own overridden `compute_loss`. As in
+Keras 3, `sample_weight` (and `class_weight`) weigh the loss and the `weighted_metrics`;
+the other metrics count every real example once.
 """
 
 from __future__ import annotations
@@ -75,29 +81,43 @@ class Steps:
       metrics_graphdef: the structure of `[loss tracker, *metrics]`.
       loss: per-example loss `(y_true, y_pred) -> (batch,)` float32.
       tx: the full optimizer (loss scaling > accumulation > clipping > optimizer).
+      weighted: per metric after the loss tracker, whether `sample_weight` weighs it
+        (Keras's `weighted_metrics`); default: none does.
     """
 
     adapter: ModelAdapter
     metrics_graphdef: Any
     loss: Callable[[Any, Any], jax.Array]
     tx: optax.GradientTransformationExtraArgs
+    weighted: tuple[bool, ...] = ()
 
-    def _update_metrics(self, metrics: Any, y: Any, y_pred: Any, per_example, sw, mask):
-        """Keras's bookkeeping: the loss tracker averages `loss * sample_weight` over real
-        examples; every other metric weighs each example by `sample_weight` (0 for pads)."""
+    def _losses(self, params, rest, batch, y_pred, losses, sw, mask, *, training: bool):
+        """`(weighted per-example loss, the model's added loss, rest)`: the loss of row i
+        is `weighted[i] + added` (see the module docstring); `mask` None: all rows real."""
+        if self.adapter.overrides_loss:
+            weighted, rest = self.adapter.model_loss(
+                params, rest, losses, batch, y_pred, mask, training=training
+            )
+            return weighted, jnp.float32(0.0), rest
+        added = sum(losses, jnp.float32(0.0))
+        return self.loss(batch[1], y_pred) * sw, added, rest
+
+    def _update_metrics(self, metrics: Any, y: Any, y_pred: Any, loss, sw, mask):
+        """Keras's bookkeeping: the loss tracker averages each real example's loss (`loss`:
+        weighted, with the model's added losses); `weighted_metrics` weigh each example by
+        `sample_weight`, the other metrics count each real example once (0 for pads)."""
         loss_tracker, *others = nnx.merge(self.metrics_graphdef, metrics)
-        weight = sw * mask
-        if per_example is not None:
-            loss_tracker.update_state(per_example * sw, mask)
+        loss_tracker.update_state(loss, mask)
         y_pred = jax.tree.map(lambda p: p.astype(jnp.float32), y_pred)
-        for metric in others:
+        for index, metric in enumerate(others):
             # Keras's per-output `{output}_loss` trackers (multi_output.OutputLoss) average as
             # the loss tracker does, so they need the mask apart from the sample weights.
             if hasattr(metric, "update_with_mask"):
-                if per_example is not None:
+                if not self.adapter.overrides_loss:
                     metric.update_with_mask(y, y_pred, sw, mask)
             else:
-                metric.update_state(y, y_pred, sample_weight=weight)
+                weighted = index < len(self.weighted) and self.weighted[index]
+                metric.update_state(y, y_pred, sample_weight=sw * mask if weighted else mask)
         return nnx.state([loss_tracker, *others])
 
     def train(self, state: dict, batch: Any, mask: jax.Array | None) -> dict:
@@ -118,17 +138,23 @@ class Steps:
         layer_mask = None if full else mask
 
         def loss_fn(params):
-            y_pred, rest = self.adapter.apply(
+            y_pred, rest, losses = self.adapter.apply_with_losses(
                 params, state["rest"], x, training=True, mask=layer_mask
             )
-            per_example = self.loss(y, y_pred)
+            weighted, added, rest = self._losses(
+                params, rest, (x, y, sample_weight), y_pred, losses, sw, layer_mask, training=True
+            )
             # Differentiated over the static row count (so float16 loss scaling stays in
             # range) and rescaled to the real count below: the count's all-reduce then does
-            # not have to finish before the backward pass starts.
-            loss = jnp.sum(per_example * sw * mask) / rows
-            return precision.scale_loss(loss, state["opt"]), (per_example, y_pred, rest)
+            # not have to finish before the backward pass starts. The added losses count
+            # once per global batch, so they are pre-scaled by count / rows.
+            loss = jnp.sum(weighted * mask) / rows
+            if losses:
+                loss = loss + added * (1.0 if full else count / rows)
+            aux = (weighted + added, y_pred, rest)
+            return precision.scale_loss(loss, state["opt"]), aux
 
-        grads, (per_example, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
+        grads, (row_losses, y_pred, rest) = jax.grad(loss_fn, has_aux=True)(state["params"])
         # Keras's sum_over_batch_size: the weighted sum over the real examples' count.
         scale = rows / jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
@@ -137,7 +163,7 @@ class Steps:
             "params": optax.apply_updates(state["params"], updates),
             "rest": rest,
             "opt": opt,
-            "metrics": self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask),
+            "metrics": self._update_metrics(state["metrics"], y, y_pred, row_losses, sw, mask),
         }
 
     def test(self, state: dict, batch: Any, mask: jax.Array) -> dict:
@@ -149,9 +175,14 @@ class Steps:
         y = _labels(y, "test")
         mask = mask.astype(jnp.float32)
         sw = _row_weights(mask.shape[0], sample_weight)
-        y_pred, _ = self.adapter.apply(state["params"], state["rest"], x, training=False, mask=mask)
-        per_example = self.loss(y, y_pred)
-        metrics = self._update_metrics(state["metrics"], y, y_pred, per_example, sw, mask)
+        params, rest = state["params"], state["rest"]
+        y_pred, _, losses = self.adapter.apply_with_losses(
+            params, rest, x, training=False, mask=mask
+        )
+        weighted, added, _ = self._losses(
+            params, rest, (x, y, sample_weight), y_pred, losses, sw, mask, training=False
+        )
+        metrics = self._update_metrics(state["metrics"], y, y_pred, weighted + added, sw, mask)
         return {**state, "metrics": metrics}
 
     def predict(self, state: dict, batch: Any) -> Any:

@@ -1,9 +1,22 @@
 """In-memory datasets kept on the devices: only row numbers cross from host to device.
 
 For a phalanx Dataset that only rearranges in-memory rows (shuffle, batch, repeat...), the
-loop puts the source arrays on every device once and iterates the same pipeline over row
-*numbers* (`Dataset.row_indices`); each compiled step gathers its batch on the devices. The
-host sends the numbers of many steps in one copy (`execution.Table`) instead of the
+loop iterates the same pipeline over row *numbers* (`Dataset.row_indices`) and the rows
+reach the devices once, in one of two layouts:
+
+- `Blocks`: batches read in order (no shuffle) are whole blocks of rows, each put on the
+  devices as a data-sharded array of its own, as a hand-written loop places its batches:
+  one copy of the data over all devices, and no gather in the step;
+- `Source`: any other batch gathers its rows on the devices from the source arrays,
+  replicated on every device. They are placed the first time a call needs them, so data
+  read only as blocks never has a second copy on the devices.
+
+Measured on 8 XLA:CPU devices (the 784-128-10 MLP, 1,024 rows a step, 51,200 rows): blocks
+hold 155 MiB; the replicated source 1,236 MiB (8 copies), its step 1.2x as long; a source
+sharded over the devices (163 MiB) makes XLA all-gather in each step's gather, 2x the
+step (`benchmarks/bench_fit.py --layouts`; docs/architecture.md, "A batch's way").
+
+The host sends the numbers of many steps in one copy (`execution.Table`) instead of the
 batches, and the device never waits for host copies. The batches, their order, the padding
 and the iterator state are exactly those of the host pipeline.
 
@@ -27,16 +40,45 @@ from phalanx._src.strategy.strategy import Strategy
 UNKNOWN_MEMORY_BUDGET = 512 * 2**20
 
 
+class Source:
+    """The in-memory arrays that row-number batches index into: on the host until a
+    compiled call first gathers from them (`arrays`), then replicated on every device and
+    no longer referenced on the host.
+
+    Example:
+      >>> source = Source((x, y), strategy)
+      >>> source.spec                  # shapes and dtypes, for a trace
+      >>> source.arrays()              # (x, y) on every device, placed once
+    """
+
+    def __init__(self, host: Any, strategy: Strategy) -> None:
+        self.host: Any = host  # None once placed
+        self.spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), host)
+        self._strategy = strategy
+        self._placed: Any = None
+
+    @property
+    def placed(self) -> bool:
+        """Whether the arrays are on the devices."""
+        return self._placed is not None
+
+    def arrays(self) -> Any:
+        """The arrays, replicated on every device (placed on the first call)."""
+        if self._placed is None:
+            repl = self._strategy.replicated_sharding
+            self._placed = jax.tree.map(
+                lambda a: jax.make_array_from_process_local_data(repl, a), self.host
+            )
+            self.host = None
+        return self._placed
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceData:
-    """Source arrays replicated on the devices, and the index pipeline that addresses them."""
+    """The source arrays (placed on first use), and the index pipeline that addresses them."""
 
     indices: Dataset
-    arrays: Any  # the element structure (e.g. (x, y)) of replicated global arrays
-
-    def gather(self, arrays: Any, rows: jax.Array) -> Any:
-        """The batch of rows `rows` (any shape), gathered on the devices (inside jit)."""
-        return jax.tree.map(lambda a: a[rows], arrays)
+    arrays: Source
 
 
 def _budget(strategy: Strategy) -> int:
@@ -64,11 +106,7 @@ def prepare(data: Any, strategy: Strategy, mode: bool | str = "auto") -> DeviceD
     size = sum(np.asarray(a).nbytes for a in jax.tree.leaves(arrays))
     if mode == "auto" and size > _budget(strategy):
         return None
-    placed = jax.tree.map(
-        lambda a: jax.make_array_from_process_local_data(strategy.replicated_sharding, a),
-        arrays,
-    )
-    return DeviceData(indices, placed)
+    return DeviceData(indices, Source(arrays, strategy))
 
 
 class Blocks:
@@ -84,14 +122,17 @@ class Blocks:
     batches are gathered as before). One process only (`BatchDistributor.is_full` is False
     otherwise).
 
+    A block is put on the devices from the host arrays (cut from the placed source once the
+    source is on the devices), so data read only as blocks is on the devices once.
+
     Example:
-      >>> blocks = Blocks(placed.arrays, strategy)
+      >>> blocks = Blocks(source, strategy)
       >>> blocks.lookup([np.arange(1024, 2048)], rows=1024)  # [block 1's (x, y)]
     """
 
-    def __init__(self, arrays: Any, strategy: Strategy) -> None:
-        self._arrays = arrays
-        leaves = jax.tree.leaves(arrays)
+    def __init__(self, source: Source, strategy: Strategy) -> None:
+        self._source = source
+        leaves = jax.tree.leaves(source.spec)
         self._length = int(leaves[0].shape[0])
         self._bytes_per_row = sum(a.dtype.itemsize * a.size for a in leaves) // max(self._length, 1)
         self._budget = self._bytes_per_row * self._length  # one more copy of the source at most
@@ -132,8 +173,23 @@ class Blocks:
             if size > self._budget:
                 return None
             self._budget -= size
-            block = self._made[key] = _cut(self._data, k)(self._arrays, np.int32(start), rows)
+            block = self._made[key] = self._cut(start, rows, k)
         return block
+
+    def _cut(self, start: int, rows: int, k: int | None) -> Any:
+        host = self._source.host
+        if host is None:  # the source is on the devices: cut there
+            return _cut(self._data, k)(self._source.arrays(), np.int32(start), rows)
+        data = self._data
+        sharding = data if k is None else NamedSharding(data.mesh, PartitionSpec(None, *data.spec))
+
+        def put(a: Any) -> jax.Array:
+            block = np.asarray(a)[start : start + rows * (k or 1)]
+            return jax.device_put(
+                block if k is None else block.reshape(k, rows, *block.shape[1:]), sharding
+            )
+
+        return jax.tree.map(put, host)
 
 
 @functools.cache

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from phalanx._src.strategy.distribute import BatchDistributor
-from phalanx._src.train.engine import execution
+from phalanx._src.train.engine import execution, flop_rate
 from phalanx._src.train.feeding.inputs import FromTable, Resident, Table, zero_cursor
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class Runner:
         self.phase = phase
         self.k = k
         self.distributor = distributor
-        self.source = source  # on-device arrays the batches index into, or None
+        self.source = source  # the `device_data.Source` the batches index into, or None
         self.blocks = blocks  # the source cut into whole batches in order, for training calls
         self.mode: str | None = None if k > 1 else execution.LOOP
         self._table: Table | None = None
@@ -66,7 +66,8 @@ class Runner:
             self.mode = self.engine.cache.get("mode")
         if self.mode is None:
             batch, mask = self.distributor.arrays(group[0])
-            self.mode = execution.choose_mode(self.engine, self.source, batch, mask)
+            spec = None if self.source is None else self.source.spec
+            self.mode = execution.choose_mode(self.engine, spec, batch, mask)
 
     def put(self, group: list[Any]) -> tuple[str, Any, int]:
         """Device input for a group of up to K host batches (runs in the consumer thread)."""
@@ -169,7 +170,8 @@ class Runner:
         """
         mode, payload, _ = item
         engine = self.engine
-        source = self.source
+        # The source arrays go on the devices with the first call that gathers from them.
+        source = None if self.source is None else self.source.arrays
         tabled = isinstance(payload, FromTable)
         if isinstance(payload, Resident):
             calls = [(batch, None) for batch in payload.batches]
@@ -183,8 +185,11 @@ class Runner:
             calls = [payload] if mode == execution.SCAN else payload
         fns = self._fns
         train = self.phase == "train"
+        # The first training call also gives the FLOP count, from its compiled executable.
+        count = train and not flop_rate.known(engine)
 
         def dispatch() -> jax.Array:
+            arrays = None if source is None else source()
             leaves, packing = engine.leaves()
             cached = fns.get(mode)
             if cached is None or cached[0] is not packing:
@@ -200,11 +205,14 @@ class Runner:
             logs = None
             for batch, mask in calls:
                 if train:
-                    metrics, others, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
+                    args = (metrics, others, arrays, batch, mask, cursor)
+                    metrics, others, logs, cursor = fn(*args)
                 else:
-                    metrics, logs, cursor = fn(metrics, others, source, batch, mask, cursor)
+                    metrics, logs, cursor = fn(metrics, others, arrays, batch, mask, cursor)
             if tabled:
                 self._cursor = cursor
+            if count and not flop_rate.known(engine):
+                flop_rate.count(engine, fn, args)
             # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
             engine.set_leaves([*metrics, *others], logs)
             return logs[0]

@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from phalanx._src.data.autotune import Tuner
 from phalanx._src.data.prefetch import DevicePrefetcher
 from phalanx._src.train.feeding.batches import Groups
 
@@ -67,16 +68,29 @@ class Feeder(Protocol):
 
 class HostFeeder:
     """Host batches made into device inputs by `put`: in a thread, `prefetch` batches ahead
-    on the host and on the devices, or in the calling thread when `prefetch` is 0."""
+    on the host and on the devices, or in the calling thread when `prefetch` is 0. With a
+    `tuner` (`data.autotune.Tuner`, kept by the caller across epochs) the thread and the
+    calling thread are measured and the faster kept (`DevicePrefetcher(autotune=...)`)."""
 
-    def __init__(self, groups: Groups, put: Callable[[list[Any]], Any], prefetch: int) -> None:
+    def __init__(
+        self,
+        groups: Groups,
+        put: Callable[[list[Any]], Any],
+        prefetch: int,
+        tuner: Tuner | None = None,
+    ) -> None:
         self._groups = groups
         self._put = put
         self.checkpointable = groups.checkpointable
         self._thread = None
         if prefetch > 0:
             self._thread = DevicePrefetcher(
-                groups, put, host_depth=prefetch, device_depth=prefetch, put_in_thread=True
+                groups,
+                put,
+                host_depth=prefetch,
+                device_depth=prefetch,
+                put_in_thread=True,
+                autotune=tuner if tuner is not None else False,
             )
 
     def __enter__(self) -> HostFeeder:

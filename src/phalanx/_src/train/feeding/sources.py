@@ -6,7 +6,7 @@
 
 Example:
   >>> host = host_data(x, y, None, batch_size=1024, shuffle=True, seed=0)
-  >>> data, source = on_devices(strategy, host, "auto")   # source: on-device arrays or None
+  >>> data, source = on_devices(strategy, host, "auto")   # source: a Source or None
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def host_data(
 
 
 def on_devices(strategy: Strategy, data: Iterable[Any], mode: bool | str) -> tuple[Iterable, Any]:
-    """`(what to iterate, on-device source arrays or None)`; see `device_data`."""
+    """`(what to iterate, its `device_data.Source` or None)`; see `device_data`."""
     placed = device_data.prepare(data, strategy, mode)
     return (data, None) if placed is None else (placed.indices, placed.arrays)
 

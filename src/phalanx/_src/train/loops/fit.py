@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from phalanx._src.data.autotune import Tuner
+from phalanx._src.data.executors import AUTOTUNE
 from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.train.api import fit_options
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
@@ -23,6 +25,8 @@ from phalanx._src.train.feeding.device_data import Blocks
 from phalanx._src.train.feeding.feeders import Carry
 from phalanx._src.train.loops.evaluate import validation_logs, validation_source
 from phalanx._src.train.loops.phase import InFlight, run_phase
+
+_AUTOTUNE_DEPTH = 2  # batches ahead when AUTOTUNE picks the thread
 
 if TYPE_CHECKING:
     from phalanx._src.train.engine.engine import Engine
@@ -74,7 +78,10 @@ def fit(
         runs out.
       seed: the shuffle seed for arrays (default: a fresh random seed).
       prefetch: batches made ahead in a thread and put on the devices ahead of use; 0 makes
-        each batch in the loop's own thread when it is needed. Device-resident data
+        each batch in the loop's own thread when it is needed; `phalanx.data.AUTOTUNE`
+        measures over the first batches which of the two feeds the loop faster (a
+        Python-bound pipeline competes with the loop for the GIL) and keeps it for the
+        whole call. Device-resident data
         (`device_data`) needs no thread: its row numbers go over ~128 steps at a time.
       device_data: keep an in-memory phalanx Dataset's arrays on the devices and send only
         row numbers: 'auto' (when they fit), True, or False.
@@ -145,8 +152,11 @@ def _check_arguments(epochs: Any, prefetch: Any, initial_epoch: Any, validation_
             f"validation_freq must be an int >= 1 (validate every N epochs), got "
             f"{validation_freq!r}; e.g. validation_freq=1"
         )
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"prefetch must be an int >= 0 (0: no prefetch thread), got {prefetch!r}")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < AUTOTUNE:
+        raise ValueError(
+            "prefetch must be an int >= 0 (0: no prefetch thread) or phalanx.data.AUTOTUNE, "
+            f"got {prefetch!r}"
+        )
     if not 0 <= initial_epoch <= max(epochs, 0):
         raise ValueError(f"initial_epoch {initial_epoch} must be in [0, epochs={epochs}]")
 
@@ -174,7 +184,9 @@ class _Epochs:
         self.steps_per_epoch = steps_per_epoch
         self.steps_known = steps_known
         self.epochs = epochs
-        self.prefetch = prefetch
+        # AUTOTUNE: the thread (2 ahead) or the loop's own thread, decided once per call.
+        self.tuner = Tuner(max_level=1) if prefetch == AUTOTUNE else None
+        self.prefetch = _AUTOTUNE_DEPTH if prefetch == AUTOTUNE else prefetch
         self.validation: tuple[Any, int, int | None] = (None, 1, None)
         self.meter = InputWaitMeter()
         self.in_flight = InFlight()  # across epochs: the next one's calls queue behind
@@ -237,7 +249,6 @@ class _Epochs:
         t0 = time.perf_counter()
         iterator, limit = self._iterator()
         iterator = checks.watch(engine, iterator, self.source, checked, "fit")  # if not all
-        iterator = flop_rate.watch(engine, iterator)  # keeps batch 1 for the FLOP count
         result = run_phase(
             engine,
             "train",
@@ -248,6 +259,7 @@ class _Epochs:
             engine.on_train_steps,
             self.prefetch,
             self.source,
+            tuner=self.tuner,
             steps_hint=self.steps_known,
             # A carried iterator's next epoch starts reading before this one ends.
             next_limit=self.steps_per_epoch if epoch + 1 < self.epochs else None,
@@ -348,9 +360,7 @@ class _EpochEnd:
         examples = float(self.steps * _global_batch(epochs.data))
         logs["examples_per_second"] = examples / elapsed if elapsed > 0 else 0.0
         logs["input_wait_fraction"] = self.wait
-        logs.update(
-            flop_rate.epoch_logs(engine, self.iterator, self.steps, elapsed, self.epochs.source)
-        )
+        logs.update(flop_rate.epoch_logs(engine, self.steps, elapsed))
         if self.val_data is not None:
             val_logs = validation_logs(engine, self.val_data, self.validation_steps)
             logs.update({f"val_{k}": v for k, v in val_logs.items()})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
+from phalanx._src.data.autotune import Tuner
 from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
@@ -101,6 +102,7 @@ def run_phase(
     after_first: Callable[[], None] | None = None,
     in_flight: InFlight | None = None,
     ahead: Carry | None = None,
+    tuner: Tuner | None = None,
 ) -> PhaseResult:
     """Runs `phase` ('train' or 'test') over up to `limit` batches of `iterator`.
 
@@ -111,7 +113,9 @@ def run_phase(
     `after_first`: called once the phase's first call is dispatched (fit runs the last
     epoch's end there, see `fit.fit`). `in_flight`: the caller's bound on queued calls,
     left undrained at the end (fit's next epoch queues behind this one's last calls instead
-    of the devices idling at the boundary); by default the phase drains its own.
+    of the devices idling at the boundary); by default the phase drains its own. `tuner`:
+    host batches come from the prefetch thread or the loop's thread, whichever it measures
+    faster (fit's `prefetch=AUTOTUNE`; one tuner across the call's epochs).
 
     The batch-end hooks run after each execution, before the next one is dispatched; when
     every receiver is `async_safe` (`CallbackList.batch_end_deferred`) they run just after
@@ -144,7 +148,7 @@ def run_phase(
         then = None if next_limit is None or phase != "train" else (iterator, next_limit)
         feed = ResidentFeeder(groups, runner.fill, runner.table_groups(), ahead, then)
     else:
-        feed = HostFeeder(groups, runner.put, prefetch)
+        feed = HostFeeder(groups, runner.put, prefetch, tuner)
     advance = feed.advance
     position = None
     with feed:

@@ -60,7 +60,7 @@ def predict(
         """A group's calls `(fn, device batch, mask, real rows)` and its batch count."""
         if mode[0] is None:
             batch, mask = distributor.arrays(group[0])
-            mode[0] = execution.predict_mode(engine, source, batch)
+            mode[0] = execution.predict_mode(engine, None if source is None else source.spec, batch)
         if mode[0] == execution.SCAN:
             batch, mask = distributor.stacked(group, k)
             calls = [(execution.predict_fn(engine, many=True), batch, mask)]
@@ -86,7 +86,8 @@ def predict(
                 if index % k == 0:
                     cbs.on_predict_batch_begin(index)
                 for fn, batch, mask, real in calls:
-                    pending.append((fn(engine.state, source, batch), real, mask))
+                    arrays = None if source is None else source.arrays()
+                    pending.append((fn(engine.state, arrays, batch), real, mask))
                 batches.advance()
                 index += n
                 if index % k == 0:

@@ -55,3 +55,24 @@ class KerasLoss(Loss):
 
     def __repr__(self) -> str:
         return f"KerasLoss({self.keras_loss!r})"
+
+
+class ModelOwnLoss(Loss):
+    """Stands for the loss of a Keras model that overrides `compute_loss`, compiled
+    without `loss=`: the training step calls the model's `compute_loss` instead (see
+    `adapters.keras_loss`), so there is no per-example function of `(y_true, y_pred)`.
+
+    Example:
+      >>> model.compile(optimizer="adam", student_loss_fn=..., alpha=0.1)  # a Distiller
+      >>> model.loss.name
+      'compute_loss'
+    """
+
+    def __init__(self) -> None:
+        super().__init__("compute_loss")
+
+    def call(self, y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+        raise TypeError(
+            "this model computes its loss in its own compute_loss(x, y, y_pred, "
+            "sample_weight), which needs the whole batch; call that, not model.loss"
+        )

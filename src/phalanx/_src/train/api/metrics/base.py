@@ -99,12 +99,17 @@ class Metric(nnx.metrics.Metric):
 
     Subclasses create their state as `MetricState` float32 arrays of sums (zero when empty)
     in `__init__` and implement `update_state` and `result`. `reset_state` zeroes every
-    `MetricState`. The object works eagerly and inside `jax.jit` through
-    `nnx.split` / `nnx.merge`; `update_state` changes the state in place.
+    `MetricState`. Keras's and TF's other names work too: `reset_states()`, and calling the
+    metric, `m(y_true, y_pred)`, which updates it and returns the result. The object works
+    eagerly and inside `jax.jit` through `nnx.split` / `nnx.merge`; `update_state` changes
+    the state in place.
 
     Attributes:
       name: the key under which the metric appears in logs.
       direction: 'up' when larger is better, 'down' otherwise (EarlyStopping's mode='auto').
+      dtype: the `dtype=` given, as Keras accepts it (a float dtype). The sums are kept, and
+        results returned, in float32 whatever it says: a bfloat16 sum of many batches would
+        lose counts.
 
     Example:
       >>> m = phalanx.metrics.SparseCategoricalAccuracy()
@@ -119,8 +124,9 @@ class Metric(nnx.metrics.Metric):
 
     direction: ClassVar[str] = "up"
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, dtype: Any = None) -> None:
         self.name = name or _snake(type(self).__name__)
+        self.dtype = _float_dtype(dtype, self.name)
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         raise NotImplementedError
@@ -132,6 +138,22 @@ class Metric(nnx.metrics.Metric):
         """Zeroes every accumulator (in place)."""
         state = nnx.state(self, MetricState)
         nnx.update(self, jax.tree.map(jnp.zeros_like, state))
+
+    def reset_states(self) -> None:
+        """Zeroes every accumulator: TF 2 / Keras 2's name for `reset_state`."""
+        self.reset_state()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+        """Updates the metric with the arguments of `update_state` and returns `result()`,
+        as calling a Keras metric does.
+
+        Example:
+          >>> m = phalanx.metrics.SparseCategoricalAccuracy()
+          >>> float(m(jnp.array([1, 0]), jnp.array([[0.1, 0.9], [0.2, 0.8]])))
+          0.5
+        """
+        self.update_state(*args, **kwargs)
+        return self.result()
 
     def merge(self, other: Metric) -> None:
         """Adds `other`'s accumulators into this metric (in place); see `merge_states`."""
@@ -152,6 +174,22 @@ class Metric(nnx.metrics.Metric):
 
     def compute(self) -> jax.Array:
         return self.result()
+
+
+def _float_dtype(dtype: Any, name: str) -> Any:
+    """`dtype` as a NumPy dtype when it is a float one (default float32), else ValueError."""
+    if dtype is None:
+        return jnp.dtype(jnp.float32)
+    try:
+        resolved = jnp.dtype(getattr(dtype, "as_numpy_dtype", dtype))
+    except TypeError:
+        resolved = None
+    if resolved is None or not jnp.issubdtype(resolved, jnp.floating):
+        raise ValueError(
+            f"metric {name!r} got dtype={dtype!r}; a metric's dtype must be a float dtype "
+            "(its values are averages), e.g. dtype='float32' (phalanx sums in float32 anyway)"
+        )
+    return resolved
 
 
 def _snake(name: str) -> str:

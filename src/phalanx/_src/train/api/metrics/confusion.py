@@ -71,8 +71,9 @@ class _ThresholdCounts(Metric):
         thresholds: float | Sequence[float] | None = None,
         class_id: int | None = None,
         name: str | None = None,
+        dtype: Any = None,
     ) -> None:
-        super().__init__(name)
+        super().__init__(name, dtype=dtype)
         self.thresholds, self._single = _check_thresholds(thresholds)
         self.class_id = class_id
         self.true_positives = zeros((len(self.thresholds),))
@@ -168,8 +169,9 @@ class AUC(Metric):
         summation_method: str = "interpolation",
         from_logits: bool = False,
         name: str = "auc",
+        dtype: Any = None,
     ) -> None:
-        super().__init__(name)
+        super().__init__(name, dtype=dtype)
         if not isinstance(num_thresholds, int) or num_thresholds <= 1:
             raise ValueError(f"num_thresholds must be an int > 1, got {num_thresholds!r}")
         if str(curve).upper() not in _CURVES:

@@ -30,8 +30,8 @@ class Mean(Metric):
 
     direction = "down"
 
-    def __init__(self, name: str = "mean") -> None:
-        super().__init__(name)
+    def __init__(self, name: str = "mean", dtype: Any = None) -> None:
+        super().__init__(name, dtype=dtype)
         self.total = zeros()
         self.count = zeros()
 
@@ -66,8 +66,9 @@ class MeanMetricWrapper(Mean):
         fn: Callable[[Any, Any], jax.Array] | None,
         name: str | None = None,
         direction: str = "up",
+        dtype: Any = None,
     ) -> None:
-        super().__init__(name or getattr(fn, "__name__", "mean_metric"))
+        super().__init__(name or getattr(fn, "__name__", "mean_metric"), dtype=dtype)
         self.fn = fn
         self.direction = direction
 
@@ -160,8 +161,8 @@ class Accuracy(MeanMetricWrapper):
       >>> m = Accuracy(); m.update_state(jnp.array([1, 2]), jnp.array([1, 0]))  # 0.5
     """
 
-    def __init__(self, name: str = "accuracy") -> None:
-        super().__init__(accuracy, name)
+    def __init__(self, name: str = "accuracy", dtype: Any = None) -> None:
+        super().__init__(accuracy, name, dtype=dtype)
 
 
 class BinaryAccuracy(MeanMetricWrapper):
@@ -175,9 +176,11 @@ class BinaryAccuracy(MeanMetricWrapper):
       >>> m = BinaryAccuracy(); m.update_state(jnp.array([[1], [0]]), jnp.array([[0.9], [0.7]]))
     """
 
-    def __init__(self, name: str = "binary_accuracy", threshold: float = 0.5) -> None:
+    def __init__(
+        self, name: str = "binary_accuracy", threshold: float = 0.5, dtype: Any = None
+    ) -> None:
         self.threshold = float(threshold)
-        super().__init__(None, name)
+        super().__init__(None, name, dtype=dtype)
 
     def values(self, y_true: Any, y_pred: Any) -> jax.Array:
         return binary_accuracy(y_true, y_pred, self.threshold)
@@ -191,8 +194,8 @@ class SparseCategoricalAccuracy(MeanMetricWrapper):
       >>> m.update_state(jnp.array([2, 1]), jnp.array([[0.1, 0.2, 0.7], [0.5, 0.3, 0.2]]))
     """
 
-    def __init__(self, name: str = "sparse_categorical_accuracy") -> None:
-        super().__init__(sparse_categorical_accuracy, name)
+    def __init__(self, name: str = "sparse_categorical_accuracy", dtype: Any = None) -> None:
+        super().__init__(sparse_categorical_accuracy, name, dtype=dtype)
 
 
 class CategoricalAccuracy(MeanMetricWrapper):
@@ -202,8 +205,8 @@ class CategoricalAccuracy(MeanMetricWrapper):
       >>> m = CategoricalAccuracy(); m.update_state(jnp.eye(3), jnp.eye(3))   # 1.0
     """
 
-    def __init__(self, name: str = "categorical_accuracy") -> None:
-        super().__init__(categorical_accuracy, name)
+    def __init__(self, name: str = "categorical_accuracy", dtype: Any = None) -> None:
+        super().__init__(categorical_accuracy, name, dtype=dtype)
 
 
 class SparseTopKCategoricalAccuracy(MeanMetricWrapper):
@@ -213,9 +216,11 @@ class SparseTopKCategoricalAccuracy(MeanMetricWrapper):
       >>> m = SparseTopKCategoricalAccuracy(k=2)
     """
 
-    def __init__(self, k: int = 5, name: str = "sparse_top_k_categorical_accuracy") -> None:
+    def __init__(
+        self, k: int = 5, name: str = "sparse_top_k_categorical_accuracy", dtype: Any = None
+    ) -> None:
         self.k = _check_k(k)
-        super().__init__(None, name)
+        super().__init__(None, name, dtype=dtype)
 
     def values(self, y_true: Any, y_pred: Any) -> jax.Array:
         return sparse_top_k_categorical_accuracy(y_true, y_pred, self.k)
@@ -228,9 +233,11 @@ class TopKCategoricalAccuracy(MeanMetricWrapper):
       >>> m = TopKCategoricalAccuracy(k=2)
     """
 
-    def __init__(self, k: int = 5, name: str = "top_k_categorical_accuracy") -> None:
+    def __init__(
+        self, k: int = 5, name: str = "top_k_categorical_accuracy", dtype: Any = None
+    ) -> None:
         self.k = _check_k(k)
-        super().__init__(None, name)
+        super().__init__(None, name, dtype=dtype)
 
     def values(self, y_true: Any, y_pred: Any) -> jax.Array:
         return top_k_categorical_accuracy(y_true, y_pred, self.k)
@@ -239,15 +246,15 @@ class TopKCategoricalAccuracy(MeanMetricWrapper):
 class MeanSquaredError(MeanMetricWrapper):
     """The weighted mean of `(y_true - y_pred) ** 2` (trailing axes averaged per example)."""
 
-    def __init__(self, name: str = "mean_squared_error") -> None:
-        super().__init__(squared_error, name, direction="down")
+    def __init__(self, name: str = "mean_squared_error", dtype: Any = None) -> None:
+        super().__init__(squared_error, name, direction="down", dtype=dtype)
 
 
 class MeanAbsoluteError(MeanMetricWrapper):
     """The weighted mean of `|y_true - y_pred|` (trailing axes averaged per example)."""
 
-    def __init__(self, name: str = "mean_absolute_error") -> None:
-        super().__init__(absolute_error, name, direction="down")
+    def __init__(self, name: str = "mean_absolute_error", dtype: Any = None) -> None:
+        super().__init__(absolute_error, name, direction="down", dtype=dtype)
 
 
 def _check_k(k: int) -> int:

@@ -1,0 +1,223 @@
+"""AUTOTUNE that never loses: measure what parallelism buys this pipeline, then keep the best.
+
+Threads fight over the GIL: a map of small NumPy operations driven from Python runs about
+half as fast on two threads as in the calling thread, while a map that releases the GIL
+(large array kernels, decoding, file reads) gains. No rule decides this beforehand, so
+`num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`) measure it online: the elements are
+computed at parallelism 0 (the calling thread alone), then 1, 2, ... workers, a window of
+elements each, and the pipeline settles on the level whose *per-element wall time as the
+consumer sees it* is lowest. That time includes the consumer's own work between elements
+and any slowdown the workers cause it, which is what a training loop pays.
+
+A level other than 0 is only chosen when every window measured at it beats the calling
+thread's mean by more than `margin` (5 %), windows of level 0 and of the candidate
+alternating, so AUTOTUNE is not slower than sequential by more than noise. The
+choice is kept on the Dataset, so later epochs start at it. Workers are threads unless the
+map asked for processes (`map(fn, num_parallel_calls=AUTOTUNE, workers="process")`), in which
+case the levels are process counts; AUTOTUNE never switches to processes on its own (they
+need a picklable function and a `__main__` guard in scripts).
+
+`Tuner` holds the decision and is fed measured windows, so its logic is tested with
+injected timings; `Autotuned` is the executor that measures and switches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_MAX_WINDOW = 64  # elements in one measured window at most, however fast they are
+
+
+def per_element(intervals: Sequence[float]) -> float:
+    """The mean time between elements, not counting one isolated stall.
+
+    One long stall in a window (a compile in the consumer, a page-in) must not decide the
+    level: an interval over 10x every other is counted as the next longest. Bursts from
+    parallel workers (several elements at once, then a gap) are kept whole, so they
+    average out to the true rate.
+    """
+    if not intervals:
+        raise ValueError("a measured window needs at least one interval")
+    values = sorted(intervals)
+    total = sum(values)
+    if len(values) > 2 and values[-1] > 10 * values[-2]:
+        total += values[-2] - values[-1]
+    return total / len(values)
+
+
+@dataclasses.dataclass
+class Tuner:
+    """Chooses a pipeline's parallelism (0: the calling thread) from measured windows.
+
+    Levels 0, 1 and 2 are tried, then higher ones while each is not clearly worse than the
+    one below it; then level 0 and the best other level are measured `confirmations` more
+    times each, alternately, and the other level wins only if every one of its windows
+    beats level 0's mean by `margin`.
+
+    Args:
+      max_level: the most workers to try (the CPU count for a map, 1 for a prefetch).
+      margin: the relative gain a parallel level needs over the calling thread (0.05).
+      warmup: elements ignored after each switch (pool start-up, first calls).
+      window: elements measured per trial (at least; longer while under `min_seconds`).
+      min_seconds: a trial's shortest duration, so that timer noise stays small.
+      confirmations: how many more times level 0 and the best other level are measured,
+        alternately, before the other level may win (every one of its windows must).
+
+    Example:
+      >>> tuner = Tuner(max_level=2)
+      >>> while not tuner.settled:
+      ...     tuner.observe(intervals_measured_at(tuner.level))
+      >>> tuner.choice
+    """
+
+    max_level: int
+    margin: float = 0.05
+    warmup: int = 2
+    window: int = 16
+    min_seconds: float = 0.1
+    confirmations: int = 2
+    samples: dict[int, list[float]] = dataclasses.field(default_factory=dict, init=False)
+    # The window being measured, kept across iterators (a short epoch holds few elements).
+    pending: list[float] = dataclasses.field(default_factory=list, init=False)
+    since_switch: int = dataclasses.field(default=0, init=False)
+    choice: int | None = dataclasses.field(default=None, init=False)
+    level: int = dataclasses.field(default=0, init=False)
+    _confirm: list[int] = dataclasses.field(default_factory=list, init=False)
+    _climbing: bool = dataclasses.field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_level < 0:
+            raise ValueError(f"max_level must be >= 0, got {self.max_level}")
+        if self.max_level == 0:
+            self.choice = 0
+
+    @property
+    def settled(self) -> bool:
+        """Whether the choice is made (then `level` is `choice` for good)."""
+        return self.choice is not None
+
+    def enough(self, intervals: Sequence[float]) -> bool:
+        """Whether a window of these intervals is long enough to be observed."""
+        n = len(intervals)
+        return n >= _MAX_WINDOW or (n >= self.window and sum(intervals) >= self.min_seconds)
+
+    def tick(self, last: float | None, now: float) -> bool:
+        """One element handed to the consumer at `now` (the one before at `last`, None for
+        the first one an executor hands out): records the interval once past the warm-up,
+        observes a full window, and says whether the level changed."""
+        if last is not None and self.since_switch >= self.warmup:
+            self.pending.append(now - last)
+        self.since_switch += 1
+        if not self.enough(self.pending):
+            return False
+        before = self.level
+        self.observe(self.pending)
+        return self.level != before
+
+    def observe(self, intervals: Sequence[float]) -> None:
+        """Records a window measured at `self.level` and moves to the next level to try."""
+        if self.settled:
+            return
+        before = self.level
+        self.samples.setdefault(self.level, []).append(per_element(intervals))
+        if self._climbing:
+            self._climb()
+        elif self._confirm:
+            self.level = self._confirm.pop(0)
+        else:
+            self._decide()
+        self.pending = []
+        if self.level != before:
+            self.since_switch = 0
+
+    def _time(self, level: int) -> float:
+        return statistics.fmean(self.samples[level])
+
+    def _climb(self) -> None:
+        level = self.level
+        # Levels 0, 1 and 2 are always tried: one worker only overlaps the consumer's own
+        # work, so work that gains from two workers (I/O waits) may not gain from one.
+        better_than_below = level < 2 or self._time(level) < self._time(level - 1) * (
+            1 + self.margin
+        )
+        if better_than_below and level < self.max_level:
+            self.level = level + 1
+            return
+        self._climbing = False
+        others = [lv for lv in self.samples if lv > 0]
+        best = min(others, key=self._time)
+        if self._time(best) >= self._time(0) * (1 - self.margin):
+            self.choice = self.level = 0  # nothing beats the calling thread: no more trials
+            return
+        self._confirm = [best] + [0, best] * (self.confirmations - 1)
+        self.level = 0
+
+    def _decide(self) -> None:
+        base = self._time(0)
+        others = [lv for lv in self.samples if lv > 0 and len(self.samples[lv]) >= 2]
+        winners = [lv for lv in others if max(self.samples[lv]) < base * (1 - self.margin)]
+        self.choice = min(winners, key=self._time) if winners else 0
+        self.level = self.choice
+
+
+class Autotuned:
+    """An executor that measures its consumer's per-element time and follows a `Tuner`.
+
+    `factory(level, step)` opens the executor for a level at a step; switching levels
+    closes the current one (work it had computed ahead is dropped: elements are pure
+    functions of their step, so nothing is lost but time).
+    """
+
+    def __init__(
+        self,
+        tuner: Tuner,
+        factory: Callable[[int, int], Any],
+        start: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._tuner = tuner
+        self._factory = factory
+        self._step = start
+        self._clock = clock
+        self._executor: Any = None
+        self._last: float | None = None  # no interval before an iterator's first element
+
+    @property
+    def workers(self) -> int:
+        return self._tuner.level
+
+    @property
+    def pids(self) -> list[int]:
+        """The current level's worker processes (none for threads or inline)."""
+        return list(getattr(self._executor, "pids", []))
+
+    def next(self) -> Any:
+        if self._executor is None:
+            self._executor = self._factory(self._tuner.level, self._step)
+        element = self._executor.next()
+        self._step += 1
+        if not self._tuner.settled:
+            self._measure()
+        return element
+
+    def _measure(self) -> None:
+        now = self._clock()
+        changed, self._last = self._tuner.tick(self._last, now), now
+        if changed:
+            self.close()  # the next call opens the new level at this step
+            self._last = None
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.close()
+
+    def release(self, park: Callable[[Any], None]) -> None:
+        """At an iteration's end: the current level's executor may be kept (`park`)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.release(park)

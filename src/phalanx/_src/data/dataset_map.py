@@ -1,0 +1,161 @@
+"""`Dataset`'s element computations: `map` (in threads or worker processes), `cache`,
+`prefetch`, and `with_workers`. Mixed into `Dataset`; who computes the elements is decided
+when iterating (`executors`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from phalanx._src.data import element_ops, executors, plan, stream, validation
+
+AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
+_WORKER_KINDS = ("thread", "process")
+
+
+class DatasetMap:
+    """Mixed into `Dataset`; see the module docstring."""
+
+    _node: plan.Node
+    _prefetch: int
+    _options: Any
+    _streaming: bool
+    _parked: list[Any] | None = None  # [worker processes kept between epochs]
+
+    def _then(self, node: plan.Node) -> Any:
+        raise NotImplementedError
+
+    def _needs_random_access(self, op: str) -> None:
+        raise NotImplementedError
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+        *,
+        workers: str = "thread",
+    ) -> Any:
+        """Applies `fn` to every element (a row before `batch`, a batch after it).
+
+        A tuple element is unpacked into positional arguments, as in tf.data. Mapping after
+        `batch` runs `fn` once per batch on whole arrays, which is much faster than per row.
+        Elements always come back in order (`deterministic` is accepted for tf.data's sake).
+
+        `num_parallel_calls=AUTOTUNE` measures, over the first elements, the time per
+        element as the consumer sees it with the calling thread alone and with 1, 2, ...
+        workers, and keeps the fastest; a parallel level must beat the calling thread by
+        5 %, so AUTOTUNE is not slower than no parallelism beyond noise (see `autotune`).
+
+        Args:
+          fn: a pure function of one element; it must return numeric arrays.
+          num_parallel_calls: None computes elements in the consuming thread; N > 0 computes
+            N elements at once; AUTOTUNE measures and picks (0 included).
+          deterministic: accepted for tf.data compatibility; the order is always kept.
+          workers: "thread" (default) or "process". Threads help when `fn` releases the GIL
+            (large NumPy kernels, decoding, file reads); processes run Python-bound `fn`s
+            (per-example augmentation) in parallel. Process workers receive the pipeline
+            once through cloudpickle, send results back through shared memory, stop with
+            the iterator, and need an `if __name__ == "__main__":` guard in scripts.
+            AUTOTUNE never picks processes by itself: with workers="process" it measures
+            process counts instead of thread counts.
+
+        Example:
+          >>> ds.map(augment, num_parallel_calls=2, workers="process").batch(128)
+        """
+        del deterministic
+        if workers not in _WORKER_KINDS:
+            raise ValueError(
+                f"workers must be 'thread' or 'process', got {workers!r}; e.g. "
+                "map(fn, num_parallel_calls=2, workers='process')"
+            )
+        count = 0
+        if num_parallel_calls == AUTOTUNE:
+            count = AUTOTUNE
+        elif num_parallel_calls is not None:
+            count = validation.check_positive(
+                num_parallel_calls, "num_parallel_calls", "map(fn, num_parallel_calls=2)"
+            )
+        if self._streaming:  # computed in order, in the consuming thread
+            return self._then(stream.StreamMap(self._node, fn))
+        if workers == "process" and count:
+            from phalanx._src.data.workers import warm_up
+
+            warm_up()
+        return self._then(element_ops.Map(self._node, fn, count, workers))
+
+    def with_workers(self, num_workers: int) -> Any:
+        """Runs this pipeline's maps in `num_workers` worker processes (0: none).
+
+        The same as passing `num_parallel_calls=num_workers, workers="process"` to every
+        `map` before this call.
+
+        Example:
+          >>> ds.map(augment).batch(128).with_workers(2)
+        """
+        if num_workers != 0 and num_workers != AUTOTUNE:
+            num_workers = validation.check_positive(num_workers, "num_workers", "with_workers(2)")
+
+        if num_workers:
+            from phalanx._src.data.workers import warm_up
+
+            warm_up()
+
+        def change(node: plan.Node) -> plan.Node:
+            if isinstance(node, element_ops.Map):
+                kind = "process" if num_workers else "thread"
+                return dataclasses.replace(node, workers=num_workers, kind=kind)
+            return node
+
+        if not any(isinstance(n, element_ops.Map) for n in plan.chain(self._node)):
+            raise ValueError("with_workers() runs maps in processes; this dataset has no map()")
+        return self._then(plan.rebuild(self._node, change))
+
+    def cache(self) -> Any:
+        """Keeps every element the first time it is computed, so later epochs skip `map`.
+
+        Cache after an expensive `map` and before `shuffle`/`repeat`.
+        """
+        self._needs_random_access("cache()")
+        if self._node.length is None:
+            raise ValueError("cache() needs a finite dataset; call repeat() after cache().")
+        return self._then(element_ops.Cache(self._node))
+
+    def prefetch(self, buffer_size: int) -> Any:
+        """Computes up to `buffer_size` elements ahead in a background thread.
+
+        `prefetch(AUTOTUNE)` measures whether a thread reading ahead makes the consumer
+        faster than computing each element when it is asked for, and keeps the faster.
+        """
+        if buffer_size != AUTOTUNE:
+            buffer_size = validation.check_positive(buffer_size, "buffer_size", "prefetch(2)")
+        return type(self)(self._node, buffer_size, self._options)  # type: ignore[call-arg]
+
+    # -- worker processes kept between epochs -------------------------------------------------
+
+    def _park(self, pool: Any) -> None:
+        """Keeps idle worker processes for this dataset's next epoch (as PyTorch's
+        persistent_workers); they stop when the dataset is garbage-collected or at exit."""
+        if self._parked is None:
+            self._parked = []
+            weakref.finalize(self, _close_all, self._parked)
+        _close_all(self._parked)
+        self._parked.append(pool)
+
+    def _unpark(self, node: plan.Node, workers: int) -> Any:
+        """The kept worker processes if they run `node` with `workers` workers, else None."""
+        if not self._parked:
+            return None
+        pool = self._parked.pop()
+        if pool.node is node and pool.workers == workers and pool.alive:
+            return pool
+        pool.close()
+        return None
+
+
+def _close_all(pools: list[Any]) -> None:
+    while pools:
+        pools.pop().close()

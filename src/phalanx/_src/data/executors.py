@@ -1,0 +1,148 @@
+"""Who computes a pipeline's elements: the calling thread, threads, or worker processes.
+
+Every element of a random-access pipeline is a pure function of its position
+(`plan.element(root, key, step)`), so any executor may compute elements anywhere, a few
+ahead, and hand them back in order: the results, the iterator state and an exact resume are
+the same as computing them one by one in the calling thread. An executor is opened at a
+step, returns elements in order from `next()` and stops its threads or processes in
+`close()`. `open_executor` picks one from the dataset's settings:
+
+- no `num_parallel_calls` and no `prefetch`: `Inline` (the calling thread);
+- `map(fn, num_parallel_calls=N)` or `prefetch(N)`: `Threads` (N threads, or one thread N
+  elements ahead);
+- `map(fn, num_parallel_calls=N, workers="process")`: `workers.Processes`, kept by the
+  dataset from one epoch to the next (`release`, `Dataset._park`);
+- AUTOTUNE anywhere: `autotune.Autotuned`, which measures and picks among the above.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+Fetch = Callable[[int], Any]
+AUTOTUNE = -1  # as tf.data.AUTOTUNE: let phalanx pick (measured; see `autotune`)
+_ids = itertools.count()
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Inline:
+    """Computes each element in the calling thread when it is asked for."""
+
+    workers = 0
+
+    def __init__(self, fetch: Fetch, start: int, stop: int) -> None:
+        self._fetch = fetch
+        self._step = start
+
+    def next(self) -> Any:
+        element = self._fetch(self._step)
+        self._step += 1
+        return element
+
+    def close(self) -> None:
+        return None
+
+    def release(self, park: Callable[[Any], None]) -> None:
+        """At an iteration's end (only process workers are kept for the next one)."""
+        self.close()
+
+
+class Threads:
+    """`workers` threads compute elements in order, up to `ahead` elements ahead.
+
+    Threads help where the work releases the GIL (NumPy on large arrays, I/O, decoding);
+    Python-bound work is better served by processes (`workers.Processes`) or inline.
+    """
+
+    def __init__(self, fetch: Fetch, start: int, stop: int, workers: int, ahead: int) -> None:
+        self.workers = workers
+        self._fetch = fetch
+        self._next = start
+        self._stop = stop
+        self._ahead = max(ahead, workers, 1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix=f"phalanx-map-{next(_ids)}"
+        )
+        self._futures: collections.deque = collections.deque()
+
+    def _fill(self) -> None:
+        while len(self._futures) < self._ahead and self._next < self._stop:
+            self._futures.append(self._pool.submit(self._fetch, self._next))
+            self._next += 1
+
+    def next(self) -> Any:
+        self._fill()
+        future = self._futures.popleft()
+        element = future.result()  # a worker's exception is raised here, in order
+        self._fill()
+        return element
+
+    def close(self) -> None:
+        for future in self._futures:
+            future.cancel()
+        self._futures.clear()
+        self._pool.shutdown(wait=True)
+
+    def release(self, park: Callable[[Any], None]) -> None:
+        self.close()  # threads start in microseconds: none are kept
+
+
+def open_executor(fetch: Fetch, start: int, stop: int, *, workers: int, ahead: int) -> Any:
+    """An executor of `workers` threads (0: inline) reading `ahead` elements ahead."""
+    if workers == 0 and ahead == 0:
+        return Inline(fetch, start, stop)
+    return Threads(fetch, start, stop, max(workers, 1), max(ahead, 2 * workers))
+
+
+def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop: int) -> Any:
+    """The executor for iterating `dataset` (whose plan is `node`) from `start`, or None
+    when its elements are computed inline (no parallel map, no prefetch)."""
+    import functools
+
+    from phalanx._src.data import autotune, element_ops, plan
+
+    maps = [n for n in plan.chain(node) if isinstance(n, element_ops.Map) and n.workers]
+    prefetch = dataset._prefetch
+    if not maps and not prefetch:
+        return None
+    processes = any(m.kind == "process" for m in maps)
+    fixed = max((m.workers for m in maps if m.workers > 0), default=0)
+    ahead = max(prefetch, 0)
+    fetch = functools.partial(plan.element, node, key)
+
+    def make(workers: int, step: int, ahead: int) -> Any:
+        if processes and workers > 0:
+            from phalanx._src.data.workers import Processes
+
+            pool = dataset._unpark(node, workers)
+            if pool is None:
+                # 4 elements in flight per worker hide the hand-over latency of a busy host.
+                pool = Processes(node, workers, max(4, -(-ahead // workers)))
+            return pool.begin(key, step, stop)
+        return open_executor(fetch, step, stop, workers=workers, ahead=ahead)
+
+    tuned_map = any(m.workers == AUTOTUNE for m in maps)
+    if not tuned_map and (fixed or prefetch != AUTOTUNE):
+        return make(fixed, start, ahead)
+    options = dataset.options()
+    cap = options.threading.private_threadpool_size or cpu_count()
+    top = max(fixed, cap) if tuned_map else 1
+    if not options.autotune.enabled:
+        return make(top, start, ahead)
+    return autotune.Autotuned(
+        dataset._tuner_for(top),
+        lambda level, step: make(level, step, max(ahead, 2 * level)),
+        start,
+    )

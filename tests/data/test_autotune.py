@@ -1,0 +1,181 @@
+"""AUTOTUNE's decision, driven by injected timings (no wall clock), and its executor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phalanx._src.data.autotune import Autotuned, Tuner, per_element
+from phalanx.data import AUTOTUNE, Dataset, Options
+
+
+def _drive(tuner, seconds_per_element, windows=20):
+    """Feeds the tuner windows whose per-element time depends only on the level."""
+    levels = []
+    for _ in range(windows):
+        if tuner.settled:
+            break
+        levels.append(tuner.level)
+        tuner.observe([seconds_per_element[tuner.level]] * tuner.window)
+    return levels
+
+
+def test_gil_bound_work_stays_in_the_calling_thread():
+    # The issue's measurement: threads halve the rate of a Python-bound map.
+    tuner = Tuner(max_level=4)
+    levels = _drive(tuner, {0: 1 / 12100, 1: 1 / 9000, 2: 1 / 6000, 3: 1e-9, 4: 1e-9})
+    assert tuner.choice == 0
+    assert levels == [0, 1, 2]  # 2 is worse than 1: no further trials, nothing to confirm
+
+
+def test_io_waits_gain_from_two_workers_even_when_one_does_not():
+    # One thread only overlaps the consumer (which does nothing here); two halve the wait.
+    tuner = Tuner(max_level=2)
+    levels = _drive(tuner, {0: 0.016, 1: 0.0165, 2: 0.008})
+    assert tuner.choice == 2
+    assert levels == [0, 1, 2, 0, 2, 0, 2]
+
+
+def test_gil_releasing_work_takes_the_speed_up():
+    tuner = Tuner(max_level=4)
+    times = {0: 1 / 1390, 1: 1 / 1500, 2: 1 / 1916, 3: 1 / 1900, 4: 1 / 1700}
+    levels = _drive(tuner, times)
+    assert tuner.choice == 2
+    # climb while not clearly worse than the level below, then confirm 0 and the best
+    assert levels == [0, 1, 2, 3, 4, 0, 2, 0, 2]
+
+
+def test_a_gain_within_noise_is_not_taken():
+    tuner = Tuner(max_level=2, margin=0.05)
+    _drive(tuner, {0: 1.0, 1: 0.98, 2: 0.97})
+    assert tuner.choice == 0
+
+
+def test_a_gain_that_does_not_repeat_is_not_taken():
+    tuner = Tuner(max_level=1, confirmations=1)
+    tuner.observe([1.0] * 8)  # level 0
+    tuner.observe([0.5] * 8)  # level 1 looks twice as fast once...
+    assert not tuner.settled and tuner.level == 0
+    tuner.observe([1.0] * 8)  # level 0 again
+    assert tuner.level == 1
+    tuner.observe([1.2] * 8)  # ...but not the second time
+    assert tuner.choice == 0 and tuner.level == 0
+
+
+def test_prefetch_only_tries_a_thread_or_none():
+    tuner = Tuner(max_level=1)
+    assert _drive(tuner, {0: 2.0, 1: 1.0}) == [0, 1, 0, 1, 0, 1]
+    assert tuner.choice == 1
+    assert Tuner(max_level=0).choice == 0
+
+
+def test_one_stall_in_a_window_does_not_decide():
+    # A compile in the consumer makes one interval huge; the median replaces it.
+    assert per_element([0.01] * 7 + [5.0]) == pytest.approx(0.01)
+    # Bursts from parallel workers (several at once, then a gap) average out.
+    assert per_element([0.0, 0.0, 0.03, 0.0, 0.0, 0.03]) == pytest.approx(0.01)
+    tuner = Tuner(max_level=1)
+    tuner.observe([0.01] * 7 + [5.0])
+    tuner.observe([0.02] * 8)
+    assert tuner.choice == 0
+
+
+def test_a_window_ends_after_enough_elements_and_time():
+    tuner = Tuner(max_level=1, window=4, min_seconds=0.1)
+    assert not tuner.enough([0.01] * 4)  # 40 ms: too short to trust
+    assert tuner.enough([0.03] * 4)
+    assert tuner.enough([1e-6] * 64)  # tiny elements: capped at 64
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _FakeExecutor:
+    """Elements are their step; each `next` advances the clock by the level's cost."""
+
+    def __init__(self, clock, level, step, cost, log):
+        self.clock, self.level, self.step, self.cost = clock, level, step, cost
+        log.append(("open", level, step))
+        self.log = log
+
+    def next(self):
+        self.clock.now += self.cost[self.level]
+        self.step += 1
+        return self.step - 1
+
+    def close(self):
+        self.log.append(("close", self.level, self.step))
+
+    def release(self, park):
+        self.close()
+
+
+def test_the_driver_switches_levels_at_the_current_step_and_keeps_the_order():
+    clock, log = _Clock(), []
+    cost = {0: 1.0, 1: 0.4, 2: 0.5}
+    tuner = Tuner(max_level=2, warmup=1, window=3, min_seconds=0, confirmations=1)
+    driver = Autotuned(
+        tuner, lambda level, step: _FakeExecutor(clock, level, step, cost, log), 0, clock=clock
+    )
+    out = [driver.next() for _ in range(40)]
+    assert out == list(range(40))  # whatever runs them, elements come in order
+    assert tuner.choice == 1
+    opens = [entry for entry in log if entry[0] == "open"]
+    assert [level for _, level, _ in opens] == [0, 1, 2, 0, 1]
+    # each level opens where the previous one stopped (warm-up 1 + window 3 = 4 elements)
+    assert [step for _, _, step in opens] == [0, 4, 8, 12, 16]
+    driver.close()
+    assert log[-1] == ("close", 1, 40)
+
+
+def _rows(n):
+    return np.arange(n, dtype=np.float32).reshape(n, 1)
+
+
+def test_autotuned_pipelines_yield_what_sequential_ones_do():
+    base = Dataset.from_tensor_slices(_rows(50)).shuffle(50, seed=3)
+    serial = base.map(lambda v: v * 2).batch(4)
+    tuned = base.map(lambda v: v * 2, num_parallel_calls=AUTOTUNE).batch(4).prefetch(AUTOTUNE)
+    for _ in range(3):
+        for a, b in zip(serial, tuned, strict=True):
+            np.testing.assert_array_equal(a, b)
+    it = iter(tuned)
+    [next(it) for _ in range(5)]
+    state = it.get_state()
+    expected = list(it)
+    again = iter(tuned)
+    again.set_state(state)
+    for a, b in zip(expected, list(again), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_options_cap_or_disable_autotune():
+    options = Options()
+    options.threading.private_threadpool_size = 1
+    options.autotune.enabled = False
+    ds = Dataset.from_tensor_slices(_rows(8)).map(lambda v: v + 1, num_parallel_calls=AUTOTUNE)
+    ds = ds.with_options(options)
+    assert ds.options().autotune.enabled is False
+    assert [float(v[0]) for v in ds] == [float(i + 1) for i in range(8)]
+    with pytest.raises(AttributeError, match="has no option 'privat_threadpool_size'"):
+        options.threading.privat_threadpool_size = 2
+
+
+def test_a_window_spans_short_epochs():
+    # 3 elements an epoch: the window (warm-up 1 + 3 intervals) fills over several epochs.
+    clock, log = _Clock(), []
+    cost = {0: 1.0, 1: 3.0}
+    tuner = Tuner(max_level=1, warmup=1, window=3, min_seconds=0)
+    for _ in range(6):
+        driver = Autotuned(
+            tuner, lambda level, step: _FakeExecutor(clock, level, step, cost, log), 0, clock=clock
+        )
+        assert [driver.next() for _ in range(3)] == [0, 1, 2]
+        driver.release(lambda executor: None)
+    assert tuner.choice == 0
+    assert [level for kind, level, _ in log if kind == "open"][:3] == [0, 0, 1]
