@@ -56,7 +56,7 @@ TIME_ROWS, TIME_BATCH = 4096, 64
 def _differences(name: str, strategy) -> tuple[float, float]:
     import numpy as np
     from keras_models import FAMILIES
-    from test_families import run_family
+    from test_keras_families import run_family
 
     runs = run_family(name, {"phalanx": strategy})
     _, _, (expected, theirs, _) = next(runs)

