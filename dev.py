@@ -93,15 +93,6 @@ def ensure_browser() -> str | None:
     return find_browser()
 
 
-def test_workers() -> list[str]:
-    """pytest-xdist's arguments: one worker per core, at most 4 (each test process holds 8
-    fake devices; more workers than cores only add contention). Whole files go to one
-    worker, so a module's compiled fixtures are built once. PHALANX_TEST_WORKERS overrides
-    the count (0 or 1: no workers, every test in this process)."""
-    count = int(os.environ.get("PHALANX_TEST_WORKERS", min(4, os.cpu_count() or 1)))
-    return ["-n", str(count), "--dist", "loadfile"] if count > 1 else []
-
-
 def run_tests(pytest_args: list[str]) -> int:
     ensure_env("test")
     for check in (("check", "."), ("format", "--check", ".")):
@@ -114,13 +105,12 @@ def run_tests(pytest_args: list[str]) -> int:
     env.pop("PHALANX_TEST_DEVICES", None)
     if browser := ensure_browser():
         env["PHALANX_BROWSER"] = browser  # so the docs test fails, not skips, without it
-    workers = test_workers()
-    rc = _call(PY, "-m", "pytest", "-q", *workers, *pytest_args, env=env)
+    rc = _call(PY, "-m", "pytest", "-q", *pytest_args, env=env)
     if rc not in (0, PYTEST_NO_TESTS):
         return rc
     # Once more at another device count, to catch code that assumes 8 replicas.
     env["PHALANX_TEST_DEVICES"] = "3"
-    rc3 = _call(PY, "-m", "pytest", "-q", *workers, "-m", "multidevice", *pytest_args, env=env)
+    rc3 = _call(PY, "-m", "pytest", "-q", "-m", "multidevice", *pytest_args, env=env)
     if rc3 not in (0, PYTEST_NO_TESTS):
         return rc3
     return 0
