@@ -105,12 +105,14 @@ def run_tests(pytest_args: list[str]) -> int:
     env.pop("PHALANX_TEST_DEVICES", None)
     if browser := ensure_browser():
         env["PHALANX_BROWSER"] = browser  # so the docs test fails, not skips, without it
-    rc = _call(PY, "-m", "pytest", "-q", *pytest_args, env=env)
+    rc = _call(PY, "-m", "pytest", "-q", "--durations=30", *pytest_args, env=env)
     if rc not in (0, PYTEST_NO_TESTS):
         return rc
     # Once more at another device count, to catch code that assumes 8 replicas.
     env["PHALANX_TEST_DEVICES"] = "3"
-    rc3 = _call(PY, "-m", "pytest", "-q", "-m", "multidevice", *pytest_args, env=env)
+    rc3 = _call(
+        PY, "-m", "pytest", "-q", "--durations=30", "-m", "multidevice", *pytest_args, env=env
+    )
     if rc3 not in (0, PYTEST_NO_TESTS):
         return rc3
     return 0

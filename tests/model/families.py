@@ -8,6 +8,12 @@ whole table trains in seconds on fake CPU devices, but keeps the layers that mat
 
 A family is a frozen record: how to build the module from a seed, how to make `n` examples
 of its synthetic task from a seed, and the Keras-style loss to compile it with.
+
+Every family carries sharding annotations, as a model written for model parallelism does
+(issue 24): kernels split over the `model` axis (`nnx.with_partitioning`), the decoder in
+MaxText's logical names (`embed`, `heads`, `mlp`) mapped by the family's `axis_rules`. On a
+strategy without a `model` axis they mean replicated, so the same modules serve every
+layout.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ class Family:
       loss: what `Model.compile(loss=...)` takes: a loss, or a dict of losses by output.
       batchnorm: the module has `nnx.BatchNorm` layers.
       dropout: the module has `nnx.Dropout` layers (active in training).
+      axis_rules: the `Strategy(axis_rules=...)` its logical annotation names need.
+      split: paths of kernels annotated over the model axis (each device of a model
+        group holds 1/M of them), as `nnx.state(module)` paths joined by '/'.
     """
 
     name: str
@@ -44,6 +53,8 @@ class Family:
     loss: Any
     batchnorm: bool = False
     dropout: bool = False
+    axis_rules: tuple = ()
+    split: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return self.name
@@ -53,11 +64,16 @@ def _sparse_ce():
     return phalanx.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def _split(*names):
+    """A kernel initializer annotated with `names` (Flax's default initializer)."""
+    return nnx.with_partitioning(nnx.initializers.lecun_normal(), names)
+
+
 # ---- MLP ------------------------------------------------------------------------------------
 class MLP(nnx.Module):
     def __init__(self, rngs: nnx.Rngs, din: int = 8):
-        self.l1 = nnx.Linear(din, 16, rngs=rngs)
-        self.l2 = nnx.Linear(16, CLASSES, rngs=rngs)
+        self.l1 = nnx.Linear(din, 16, kernel_init=_split(None, "model"), rngs=rngs)
+        self.l2 = nnx.Linear(16, CLASSES, kernel_init=_split("model", None), rngs=rngs)
 
     def __call__(self, x):
         return self.l2(jax.nn.relu(self.l1(x)))
@@ -73,9 +89,12 @@ class ResidualBlock(nnx.Module):
     """conv-BN-relu-conv-BN plus the (projected when strided) input, then relu."""
 
     def __init__(self, cin: int, cout: int, stride: int, rngs: nnx.Rngs):
-        self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=stride, use_bias=False, rngs=rngs)
+        out = _split(None, None, None, "model")  # output channels over the model axis
+        self.conv1 = nnx.Conv(
+            cin, cout, (3, 3), strides=stride, use_bias=False, kernel_init=out, rngs=rngs
+        )
         self.bn1 = nnx.BatchNorm(cout, momentum=0.9, rngs=rngs)
-        self.conv2 = nnx.Conv(cout, cout, (3, 3), use_bias=False, rngs=rngs)
+        self.conv2 = nnx.Conv(cout, cout, (3, 3), use_bias=False, kernel_init=out, rngs=rngs)
         self.bn2 = nnx.BatchNorm(cout, momentum=0.9, rngs=rngs)
         self.project = (
             nnx.Conv(cin, cout, (1, 1), strides=stride, use_bias=False, rngs=rngs)
@@ -117,10 +136,11 @@ class CNN(nnx.Module):
     def __init__(self, rngs: nnx.Rngs, width: int = 8):
         self.conv1 = nnx.Conv(3, width, (3, 3), rngs=rngs)
         self.bn1 = nnx.BatchNorm(width, momentum=0.9, rngs=rngs)
-        self.conv2 = nnx.Conv(width, width, (3, 3), strides=2, rngs=rngs)
+        out = _split(None, None, None, "model")
+        self.conv2 = nnx.Conv(width, width, (3, 3), strides=2, kernel_init=out, rngs=rngs)
         self.bn2 = nnx.BatchNorm(width, momentum=0.9, rngs=rngs)
         self.drop = nnx.Dropout(0.3, rngs=rngs)
-        self.head = nnx.Linear(width, CLASSES, rngs=rngs)
+        self.head = nnx.Linear(width, CLASSES, kernel_init=_split("model", None), rngs=rngs)
 
     def __call__(self, x):
         h = jax.nn.relu(self.bn1(self.conv1(x)))
@@ -133,14 +153,22 @@ VOCAB, SEQ = 16, 8
 
 
 class DecoderBlock(nnx.Module):
-    """Pre-norm: x + drop(causal attention(norm x)); x + drop(mlp(norm x))."""
+    """Pre-norm: x + drop(causal attention(norm x)); x + drop(mlp(norm x)). Annotated in
+    MaxText's logical names: attention heads and the MLP width split (`DECODER_RULES`)."""
 
     def __init__(self, d: int, rngs: nnx.Rngs):
         self.norm1 = nnx.RMSNorm(d, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=d, decode=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(
+            num_heads=2,
+            in_features=d,
+            decode=False,
+            kernel_metadata={"out_sharding": ("embed", "heads", "kv")},
+            out_kernel_metadata={"out_sharding": ("heads", "kv", "embed")},
+            rngs=rngs,
+        )
         self.norm2 = nnx.RMSNorm(d, rngs=rngs)
-        self.up = nnx.Linear(d, 2 * d, rngs=rngs)
-        self.down = nnx.Linear(2 * d, d, rngs=rngs)
+        self.up = nnx.Linear(d, 2 * d, kernel_init=_split("embed", "mlp"), rngs=rngs)
+        self.down = nnx.Linear(2 * d, d, kernel_init=_split("mlp", "embed"), rngs=rngs)
         self.drop = nnx.Dropout(0.1, rngs=rngs)
 
     def __call__(self, x, mask):
@@ -160,6 +188,9 @@ class DecoderLM(nnx.Module):
         return self.head(self.norm(h))
 
 
+DECODER_RULES = (("embed", None), ("heads", "model"), ("kv", None), ("mlp", "model"))
+
+
 def _sequences(n: int, seed: int):
     """Counting sequences `s, s+1, ...` (mod VOCAB): the next token follows from the last."""
     start = np.random.default_rng(seed).integers(0, VOCAB, (n, 1))
@@ -172,9 +203,9 @@ class TwoHeads(nnx.Module):
     """{'dense', 'extra'} -> {'label': logits, 'value': regression}."""
 
     def __init__(self, rngs: nnx.Rngs):
-        self.dense = nnx.Linear(6, 16, rngs=rngs)
+        self.dense = nnx.Linear(6, 16, kernel_init=_split(None, "model"), rngs=rngs)
         self.extra = nnx.Linear(2, 16, rngs=rngs)
-        self.label = nnx.Linear(16, CLASSES, rngs=rngs)
+        self.label = nnx.Linear(16, CLASSES, kernel_init=_split("model", None), rngs=rngs)
         self.value = nnx.Linear(16, 1, rngs=rngs)
 
     def __call__(self, inputs):
@@ -195,19 +226,45 @@ def _two_inputs(n: int, seed: int):
 
 
 FAMILIES = (
-    Family("mlp", lambda seed: MLP(nnx.Rngs(seed)), _vectors, _sparse_ce()),
-    Family("resnet", lambda seed: ResNet(nnx.Rngs(seed)), _images, _sparse_ce(), batchnorm=True),
     Family(
-        "cnn", lambda seed: CNN(nnx.Rngs(seed)), _images, _sparse_ce(), batchnorm=True, dropout=True
+        "mlp",
+        lambda seed: MLP(nnx.Rngs(seed)),
+        _vectors,
+        _sparse_ce(),
+        split=("l1/kernel", "l2/kernel"),
     ),
     Family(
-        "decoder_lm", lambda seed: DecoderLM(nnx.Rngs(seed)), _sequences, _sparse_ce(), dropout=True
+        "resnet",
+        lambda seed: ResNet(nnx.Rngs(seed)),
+        _images,
+        _sparse_ce(),
+        batchnorm=True,
+        split=("block1/conv1/kernel", "block2/conv2/kernel"),
+    ),
+    Family(
+        "cnn",
+        lambda seed: CNN(nnx.Rngs(seed)),
+        _images,
+        _sparse_ce(),
+        batchnorm=True,
+        dropout=True,
+        split=("conv2/kernel", "head/kernel"),
+    ),
+    Family(
+        "decoder_lm",
+        lambda seed: DecoderLM(nnx.Rngs(seed)),
+        _sequences,
+        _sparse_ce(),
+        dropout=True,
+        axis_rules=DECODER_RULES,
+        split=("block/attn/query/kernel", "block/attn/out/kernel", "block/up/kernel"),
     ),
     Family(
         "two_heads",
         lambda seed: TwoHeads(nnx.Rngs(seed)),
         _two_inputs,
         {"label": _sparse_ce(), "value": "mse"},
+        split=("dense/kernel", "label/kernel"),
     ),
 )
 

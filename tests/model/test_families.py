@@ -6,8 +6,13 @@ replicas == 1 replica; a partial batch counts its examples exactly; a mid-epoch
 bfloat16; BatchNorm statistics ignore padding; Dropout draws new masks per step while
 inference stays deterministic.
 
-Compiles dominate the cost, so one reference run per family (fit on all devices, unshuffled)
-is shared by the invariants that only read it, and each model is as small as it can be.
+Each invariant runs on two layouts of all the devices: data parallelism alone, and (issue
+24) `data x model` with `model_parallel=2`, where each replica's two devices split the
+kernels the family annotates (`test_annotated_kernels_are_split` checks they do).
+
+Compiles dominate the cost, so one reference run per family and layout (fit on all devices,
+unshuffled) is shared by the invariants that only read it, and each model is as small as it
+can be.
 """
 
 from __future__ import annotations
@@ -28,11 +33,27 @@ pytestmark = pytest.mark.multidevice
 
 N_TRAIN, BATCH, EPOCHS = 48, 16, 3  # 3 steps an epoch
 BY_NAME = {f.name: f for f in FAMILIES}
-families = pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+# Model parallelism needs an even device count of at least 4 (2 replicas of 2 devices).
+LAYOUTS = {"data": {}}
+if jax.device_count() >= 4 and jax.device_count() % 2 == 0:
+    LAYOUTS["model2"] = {"model_parallel": 2}
 
 
-def _model(family: Family, devices=None, seed: int = 0, **compile_kwargs) -> phalanx.Model:
-    strategy = phalanx.Strategy(devices=devices)
+def _cases(families) -> pytest.MarkDecorator:
+    return pytest.mark.parametrize(
+        "family,layout",
+        [(f, layout) for f in families for layout in LAYOUTS],
+        ids=lambda v: v.name if isinstance(v, Family) else v,
+    )
+
+
+families = _cases(FAMILIES)
+
+
+def _model(
+    family: Family, devices=None, seed: int = 0, layout: str = "data", **compile_kwargs
+) -> phalanx.Model:
+    strategy = phalanx.Strategy(devices=devices, axis_rules=family.axis_rules, **LAYOUTS[layout])
     with strategy.scope():
         model = phalanx.Model(family.module(seed))
         model.compile(
@@ -78,11 +99,11 @@ class Run:
 
 
 @functools.cache
-def _reference(name: str, one_device: bool = False) -> Run:
+def _reference(name: str, layout: str = "data", one_device: bool = False) -> Run:
     """`EPOCHS` epochs of `fit` over the family's unshuffled dataset, from seed 0, with an
     async-safe reader of every batch's logs (the other invariants also cover its path)."""
     family = BY_NAME[name]
-    model = _model(family, jax.devices()[:1] if one_device else None)
+    model = _model(family, jax.devices()[:1] if one_device else None, layout=layout)
     reader = _AsyncReader()
     history = model.fit(_dataset(family), epochs=EPOCHS, verbose=0, callbacks=[reader])
     losses = list(history.history["loss"])
@@ -91,15 +112,15 @@ def _reference(name: str, one_device: bool = False) -> Run:
 
 # ---- the invariants -------------------------------------------------------------------------
 @families
-def test_trains(family):
-    losses = _reference(family.name).losses
+def test_trains(family, layout):
+    losses = _reference(family.name, layout).losses
     assert np.isfinite(losses).all(), losses
     assert (np.diff(losses) < 0).all(), losses  # every epoch lower than the one before
 
 
 @families
-def test_async_safe_batch_ends_see_every_batch_once_the_next_is_dispatched(family):
-    run = _reference(family.name)
+def test_async_safe_batch_ends_see_every_batch_once_the_next_is_dispatched(family, layout):
+    run = _reference(family.name, layout)
     steps = N_TRAIN // BATCH
     assert [(e, b) for e, b, *_ in run.batch_ends] == [
         (e, b) for e in range(EPOCHS) for b in range(steps)
@@ -113,11 +134,12 @@ def test_async_safe_batch_ends_see_every_batch_once_the_next_is_dispatched(famil
 
 
 @families
-def test_n_replicas_equal_one_replica(family):
+def test_n_replicas_equal_one_replica(family, layout):
     if jax.device_count() == 1:
         pytest.skip("needs more than one device")
-    many, one = _reference(family.name), _reference(family.name, one_device=True)
-    assert many.model.strategy.num_replicas_in_sync == jax.device_count()
+    many, one = _reference(family.name, layout), _reference(family.name, one_device=True)
+    model_parallel = LAYOUTS[layout].get("model_parallel", 1)
+    assert many.model.strategy.num_replicas_in_sync == jax.device_count() // model_parallel
     np.testing.assert_allclose(many.losses, one.losses, rtol=1e-5)
     for a, b in zip(many.weights, one.weights, strict=True):
         if np.issubdtype(a.dtype, np.floating):
@@ -127,10 +149,10 @@ def test_n_replicas_equal_one_replica(family):
 
 
 @families
-def test_partial_batch_counts_its_examples_exactly(family):
+def test_partial_batch_counts_its_examples_exactly(family, layout):
     n = BATCH + 5  # a full batch, then 5 examples padded over the replicas
     x, y = family.data(n, 2)
-    model = _reference(family.name).model
+    model = _reference(family.name, layout).model
     got = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
     # By hand: the module in inference mode on all n examples at once, a plain mean.
     module = nnx.clone(model.module)
@@ -160,27 +182,27 @@ class _StopAt(phalanx.callbacks.Callback):
 
 
 @families
-def test_resumes_bitwise_from_a_mid_epoch_backup(family, tmp_path):
+def test_resumes_bitwise_from_a_mid_epoch_backup(family, layout, tmp_path):
     # A backup every 2 steps of a 3-step epoch; stopping after the last batch of epoch 1
     # leaves the latest backup one batch behind, mid-epoch. The same object resumes, so as not
     # to compile again: it holds the later step, and only restoring the backup's weights,
     # optimizer and RNG state, step count and data position reproduces the uninterrupted run
     # bit for bit.
     backup = phalanx.callbacks.BackupAndRestore(tmp_path / "backup", save_freq=2)
-    model = _model(family)
+    model = _model(family, layout=layout)
     with pytest.raises(RuntimeError, match="interrupted"):
         model.fit(_dataset(family), epochs=EPOCHS, verbose=0, callbacks=[backup, _StopAt(1, 2)])
     assert (tmp_path / "backup").exists()
     model.fit(_dataset(family), epochs=EPOCHS, verbose=0, callbacks=[backup])
-    straight = _reference(family.name)
+    straight = _reference(family.name, layout)
     assert model.train_step_count == straight.steps
     for a, b in zip(model.get_weights(), straight.weights, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 @families
-def test_computes_in_bfloat16_under_the_mixed_policy(family):
-    model = _model(family, precision="mixed_bfloat16")
+def test_computes_in_bfloat16_under_the_mixed_policy(family, layout):
+    model = _model(family, layout=layout, precision="mixed_bfloat16")
     x, y = family.data(BATCH, 0)
     ops = matmuls(model, (x, y))
     assert ops, "the train step has no dot or convolution"
@@ -191,27 +213,28 @@ def test_computes_in_bfloat16_under_the_mixed_policy(family):
 
 
 # ---- the issue's 'Done when' checks for stateful layers -------------------------------------
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.batchnorm], ids=lambda f: f.name)
-def test_batchnorm_statistics_ignore_the_padding_of_a_partial_batch(family):
+@_cases([f for f in FAMILIES if f.batchnorm])
+def test_batchnorm_statistics_ignore_the_padding_of_a_partial_batch(family, layout):
     # 10 examples: padded to a multiple of the replicas on all devices, exact on one.
     x, y = family.data(10, 3)
-    padded, exact = _model(family), _model(family, jax.devices()[:1])
+    padded, exact = _model(family, layout=layout), _model(family, jax.devices()[:1])
     padded.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     exact.fit(x, y, batch_size=10, epochs=1, verbose=0, shuffle=False)
 
     def statistics(model):
         return jax.tree.leaves(nnx.state(model.module, nnx.BatchStat))
 
-    fresh = jax.tree.leaves(nnx.state(family.module(0), nnx.BatchStat))
+    with nnx.use_eager_sharding(False):  # annotated: outside a scope, Flax needs this
+        fresh = jax.tree.leaves(nnx.state(family.module(0), nnx.BatchStat))
     for got, want, before in zip(statistics(padded), statistics(exact), fresh, strict=True):
         assert not np.allclose(want, before)  # one step moved every running statistic
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.dropout], ids=lambda f: f.name)
-def test_dropout_draws_new_masks_and_inference_is_deterministic(family):
+@_cases([f for f in FAMILIES if f.dropout])
+def test_dropout_draws_new_masks_and_inference_is_deterministic(family, layout):
     # The reference model, so nothing compiles again (the invariants above read its copies).
-    model = _reference(family.name).model
+    model = _reference(family.name, layout).model
     model.learning_rate = 0.0
     before = jax.tree.map(np.asarray, nnx.state(model.module, nnx.Param))
     data = phalanx.data.Dataset.from_tensor_slices(family.data(BATCH, 4)).batch(BATCH)
@@ -223,3 +246,22 @@ def test_dropout_draws_new_masks_and_inference_is_deterministic(family):
     x, y = family.data(BATCH + 5, 5)
     first = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
     assert model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True) == first
+
+
+@families
+def test_annotated_kernels_are_split(family, layout):
+    """Under `model_parallel=M`, each device holds 1/M of every kernel the family annotates
+    (parameters and Adam-style optimizer slots alike); without a model axis, a whole one."""
+    model = _reference(family.name, layout).model
+    m = model.strategy.model_parallel
+    assert m == LAYOUTS[layout].get("model_parallel", 1)
+    params = dict(
+        ("/".join(str(k.key) for k in path[:-1]), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(model.engine.state["params"])[0]
+    )
+    assert family.split, "the family annotates no kernel"
+    for path in family.split:
+        kernel = params[path]
+        shard = kernel.addressable_shards[0].data
+        assert shard.size * m == kernel.size, (path, shard.shape, kernel.shape)
+        assert len(kernel.addressable_shards) == len(jax.local_devices())

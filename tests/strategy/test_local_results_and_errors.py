@@ -1,7 +1,5 @@
 """Per-replica values as TF gives them, and TF constructs that stay unsupported, named."""
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,13 +7,6 @@ import pytest
 from flax import nnx
 
 import phalanx
-
-# Keras reads its backend once, at import; set it the way tests/keras/conftest.py does.
-os.environ.setdefault("KERAS_BACKEND", "jax")
-try:
-    import keras
-except ImportError:  # keras is optional: the test that needs it skips
-    keras = None
 
 N = jax.device_count()
 ROWS = np.arange(24 * 3, dtype=np.float32).reshape(24, 3)
@@ -145,20 +136,6 @@ def test_a_function_compiles_once_per_signature():
     f(jnp.ones((2,)), 2.0)  # a new shape compiles anew, as tf.function retraces
     f(jnp.ones(()), 3.0)  # so does a new Python value
     assert len(calls) == 3
-
-
-def test_a_keras_object_reached_from_the_step_is_named():
-    if keras is None or keras.backend.backend() != "jax":
-        pytest.skip("keras runs another backend in this process")
-    strategy = phalanx.Strategy()
-    keras_model = keras.Sequential([keras.layers.Dense(2)])
-    (batch,) = list(strategy.experimental_distribute_dataset([(ROWS[:N],)]))
-
-    def step(inputs):
-        return keras_model(inputs[0])
-
-    with pytest.raises(TypeError, match=r"`keras_model` \(keras.*a Keras 3 object.*Flax NNX"):
-        strategy.run(step, args=(batch,))
 
 
 def test_functools_partial_arguments_are_arguments_and_a_hidden_object_is_named():

@@ -14,19 +14,13 @@ import phalanx
 from phalanx._src import compilation_cache
 
 
-@pytest.fixture
-def restore_cache_off():
-    yield
-    phalanx.set_compilation_cache(None)  # conftest's setting: tests write no cache
-
-
-def test_compiled_steps_are_written_to_the_chosen_directory(tmp_path, restore_cache_off):
+def test_compiled_steps_are_written_to_the_chosen_directory(tmp_path, no_compilation_cache):
     phalanx.set_compilation_cache(tmp_path / "cache")
     jax.jit(lambda x: jnp.sin(x) * 3.25)(jnp.ones(3)).block_until_ready()
     assert any((tmp_path / "cache").iterdir())
 
 
-def test_off_writes_nothing(tmp_path, restore_cache_off):
+def test_off_writes_nothing(tmp_path, no_compilation_cache):
     phalanx.set_compilation_cache(tmp_path / "cache")
     phalanx.set_compilation_cache(None)
     jax.jit(lambda x: jnp.cos(x) * 4.5)(jnp.ones(3)).block_until_ready()
@@ -35,13 +29,13 @@ def test_off_writes_nothing(tmp_path, restore_cache_off):
 
 
 @pytest.mark.parametrize("setting", ["0", "off", "False", ""])
-def test_environment_turns_it_off(monkeypatch, setting, restore_cache_off):
+def test_environment_turns_it_off(monkeypatch, setting, no_compilation_cache):
     monkeypatch.setenv(compilation_cache.ENV, setting)
     compilation_cache.configure_from_environment()
     assert not jax.config.jax_enable_compilation_cache
 
 
-def test_environment_names_the_directory(monkeypatch, tmp_path, restore_cache_off):
+def test_environment_names_the_directory(monkeypatch, tmp_path, no_compilation_cache):
     monkeypatch.setenv(compilation_cache.ENV, str(tmp_path / "c"))
     compilation_cache.configure_from_environment()
     assert jax.config.jax_enable_compilation_cache
@@ -60,7 +54,7 @@ def test_a_file_is_not_a_cache_directory(tmp_path):
         phalanx.set_compilation_cache(path)
 
 
-def test_an_uncreatable_directory_is_refused_by_name(tmp_path, restore_cache_off):
+def test_an_uncreatable_directory_is_refused_by_name(tmp_path, no_compilation_cache):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ValueError, match=r"'.*file/cache' cannot be created") as info:
@@ -68,7 +62,9 @@ def test_an_uncreatable_directory_is_refused_by_name(tmp_path, restore_cache_off
     assert f"{compilation_cache.ENV}=0" in str(info.value)
 
 
-def test_import_falls_back_to_no_cache_with_one_warning(monkeypatch, tmp_path, restore_cache_off):
+def test_import_falls_back_to_no_cache_with_one_warning(
+    no_compilation_cache, monkeypatch, tmp_path
+):  # no_compilation_cache first: it turns the tests' cache back on after mkdir is restored
     def denied(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 

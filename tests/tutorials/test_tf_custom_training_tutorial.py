@@ -15,10 +15,11 @@ Lines that still differ beyond those renames (each marked `# TF:` below), and wh
    `EPOCHS` 10 -> 2: the suite's time budget.
 2. `.shuffle(BUFFER_SIZE)` -> `.shuffle(BUFFER_SIZE, seed=0)`: the test replays the order
    on one device to compare the numbers.
-3. `create_model`: `tf.keras.Sequential([...])` -> `nnx.Sequential(...)`: the step's state
-   must be Flax NNX objects to be carried through `strategy.run` (a Keras 3 model reached
-   from a step is an error naming this fix); NNX layers take their input size and an RNG
-   stream; the convolutions are left out because XLA:CPU compiles them slowly.
+3. `create_model`: `tf.keras.Sequential([...])` -> `nnx.Sequential(...)`: this port keeps
+   the step's state in Flax NNX objects (a Keras 3 model, optimizer and metrics reached from
+   the step are carried too: tests/keras/test_keras_closures.py, where the tape becomes
+   `stateless_call` under `jax.value_and_grad`); NNX layers take their input size and an
+   RNG stream; the convolutions are left out because XLA:CPU compiles them slowly.
 4. `reduction=tf.keras.losses.Reduction.NONE` -> `reduction="none"`: Keras 3's form.
 5. `tf.keras.optimizers.Adam()` -> `nnx.Optimizer(model, phalanx.optimizers.get("adam"),
    wrt=nnx.Param)` (twice): Keras's Adam as an optax transformation in an NNX optimizer.

@@ -2,10 +2,11 @@
 
 `@tf.function` becomes `@phalanx.function` and nothing else changes: the decorated function
 is compiled with `jax.jit` once per input signature (the shapes and dtypes of its array
-arguments, and the values of its other arguments), and the Flax NNX objects it reaches
-(passed in, or read from its closure and globals, through the functions it calls: see
-`lifting.py`) are carried through the compiled call and updated in place afterwards, so
-`strategy.run(train_step, ...)` inside it trains the model as the TF program does.
+arguments, and the values of its other arguments), and the Flax NNX objects and Keras 3
+models, optimizers and metrics it reaches (passed in, or read from its closure and globals,
+through the functions it calls: see `lifting.py`) are carried through the compiled call and
+updated in place afterwards, so `strategy.run(train_step, ...)` inside it trains the model as
+the TF program does.
 """
 
 from __future__ import annotations
@@ -199,10 +200,11 @@ def function(
 ) -> Any:
     """Compiles `func` once per input signature, as `tf.function` does; a decorator.
 
-    The Flax NNX objects `func` uses (a model, an `nnx.Optimizer`, metrics), whether passed
-    in or read from the enclosing scope by `func` or the functions it calls (such as the step
-    it hands to `strategy.run`), travel through the compiled call and are updated in place
-    when it returns. So a TF custom loop ports by renaming `@tf.function`:
+    The Flax NNX objects `func` uses (a model, an `nnx.Optimizer`, metrics), and Keras 3
+    models, optimizers and metrics on the JAX backend, whether passed in or read from the
+    enclosing scope by `func` or the functions it calls (such as the step it hands to
+    `strategy.run`), travel through the compiled call and are updated in place when it
+    returns. So a TF custom loop ports by renaming `@tf.function`:
 
     * a function whose arguments include a dataset or an iterator runs its Python as written
       (a `for` loop over a distributed dataset inside it), each `strategy.run` compiled;
@@ -224,7 +226,7 @@ def function(
 
     Raises:
       TypeError: `jit_compile=False` is given; the function reaches an object phalanx
-        cannot carry (a Keras or TensorFlow object).
+        cannot carry (a TensorFlow object, a Keras object on another backend).
 
     Example:
       >>> @phalanx.function

@@ -8,6 +8,9 @@ the optimizer all-reduces (sums) the gradients across replicas first; with the l
 sums gradients that still differ by replica, and leaves alone gradients the step already
 reduced (`get_replica_context().all_reduce("sum", grads)`), so none is counted twice.
 
+A Keras 3 optimizer a step reaches gets the same in its `apply` (behind `apply_gradients`
+and `stateless_apply`): see keras_state.py.
+
 How it tells them apart: inside `shard_map`, JAX's type of a value records the mesh axes it
 still varies over (`jax.typeof(x).manual_axis_type.varying`). A gradient taken with respect
 to a replica's parameters varies over the data axis until a collective reduces it.
@@ -28,8 +31,11 @@ def is_varying(x: Any, axis: str) -> bool:
     return axis in jax.typeof(x).manual_axis_type.varying
 
 
-def sum_unreduced(grads: Any, axis: str) -> Any:
+def sum_unreduced(grads: Any, axis: str, what: str = "optimizer.update") -> Any:
     """`grads` summed over replicas unless the step already reduced them.
+
+    `what` names the call in the error (`optimizer.update`, or a Keras optimizer's
+    `optimizer.apply_gradients`).
 
     Raises:
       ValueError: some gradient leaves were reduced and others were not, so whether the step
@@ -44,12 +50,12 @@ def sum_unreduced(grads: Any, axis: str) -> Any:
     reduced = [jax.tree_util.keystr(p) for (p, _), v in zip(leaves, varying, strict=True) if not v]
     local = [jax.tree_util.keystr(p) for (p, _), v in zip(leaves, varying, strict=True) if v]
     raise ValueError(
-        "optimizer.update inside strategy.run got gradients of which some are already "
+        f"{what} inside strategy.run got gradients of which some are already "
         f"reduced across replicas ({', '.join(reduced[:3])}{' ...' if len(reduced) > 3 else ''}) "
         f"and others are not ({', '.join(local[:3])}{' ...' if len(local) > 3 else ''}), so "
         "phalanx cannot tell whether to sum them. Pass the local gradients as they come from "
-        "nnx.grad (optimizer.update sums them across replicas, as TF's apply_gradients does), "
-        "or reduce all of them first: "
+        f"the gradient call ({what} sums them across replicas, as TF's apply_gradients "
+        "does), or reduce all of them first: "
         "grads = phalanx.get_replica_context().all_reduce('sum', grads)"
     )
 

@@ -16,9 +16,11 @@ What is searched, bounded in depth and count:
     held in those names.
 
 What is carried: every Flax NNX graph node (modules, `nnx.Optimizer`, `nnx.metrics` and
-`phalanx.metrics` objects). Objects phalanx cannot carry (Keras 3 and TensorFlow objects)
-raise a `TypeError` that names them and the fix. Library objects (a `phalanx.Model`, a
-strategy, a dataset) are not searched.
+`phalanx.metrics` objects), and the variables of Keras 3 models, layers, optimizers,
+metrics, variables and seed generators on the JAX backend (keras_state.py: the step runs in
+a `keras.StatelessScope` on their traced values). Objects phalanx cannot carry (TensorFlow
+objects, Keras objects on another backend) raise a `TypeError` that names them and the fix.
+Library objects (a `phalanx.Model`, a strategy, a dataset) are not searched.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from typing import Any
 
 import jax
 from flax import nnx
+
+from phalanx._src.strategy import keras_state
 
 _MAX_FUNCTION_DEPTH = 8  # function -> function it calls -> ...
 _MAX_OBJECT_DEPTH = 2  # plain object -> attribute -> attribute
@@ -111,23 +115,9 @@ def _describe(value: Any) -> str:
 
 def _unsupported(value: Any) -> str | None:
     """Why `value` cannot be carried through a compiled step, or None when it is not state."""
-    module = type(value).__module__ or ""
-    top = module.split(".")[0]
-    if top == "keras":
-        try:
-            import keras
-        except ImportError:  # pragma: no cover - keras objects imply keras is importable
-            return None
-        kinds = (keras.Layer, keras.optimizers.Optimizer, keras.metrics.Metric, keras.Variable)
-        if isinstance(value, kinds):
-            return (
-                "a Keras 3 object: its variables live in Keras, which phalanx cannot carry "
-                "through a compiled per-replica step. Build the model, optimizer and metrics "
-                "with Flax NNX (nnx.Module, nnx.Optimizer(model, optax.adam(...), "
-                "wrt=nnx.Param), phalanx.metrics.*) for a custom loop, or train the Keras "
-                "model with phalanx.Model(model).compile(...).fit(...)"
-            )
-    if top == "tensorflow":
+    if keras_state.is_keras_state(value):
+        return keras_state.unsupported_backend()
+    if (type(value).__module__ or "").split(".")[0] == "tensorflow":
         return (
             "a TensorFlow object; phalanx runs JAX, not TensorFlow graphs. Use a Flax NNX "
             "module, nnx.Optimizer and phalanx.metrics objects in the step"
@@ -136,12 +126,14 @@ def _unsupported(value: Any) -> str | None:
 
 
 class Found:
-    """The NNX objects a step reaches and the slots to redirect while it is traced."""
+    """The NNX objects a step reaches, the slots to redirect while it is traced, and the
+    Keras objects' state (its carrier is among `nodes`)."""
 
     def __init__(self) -> None:
         self.nodes: list[Any] = []
         self.labels: list[str] = []
         self.slots: list[Slot] = []
+        self.keras: list[keras_state.KerasState] = []
         self._ids: set[int] = set()
 
     def add_node(self, node: Any, label: str) -> None:
@@ -165,6 +157,7 @@ class _Walker:
     def __init__(self, what: str) -> None:
         self.what = what
         self.found = Found()
+        self.keras: dict[int, tuple[Any, str]] = {}
         self.visits = 0
         self.seen_functions: set[int] = set()
         self.seen_objects: set[int] = set()
@@ -232,6 +225,9 @@ class _Walker:
             raise TypeError(
                 f"{self.what}: the step reaches `{label}` ({_describe(value)}), {reason}"
             )
+        if keras_state.is_keras_state(value):
+            self.keras.setdefault(id(value), (value, label))
+            return
         if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
             self.function(value, depth + 1)
             return
@@ -300,18 +296,23 @@ def _tuple_slot(parent: Slot, index: int) -> Slot:
 
 
 def find_state(fn: Callable, what: str = "strategy.run", arguments: tuple = ()) -> Found:
-    """The NNX objects `fn` reaches through its closure and globals (see the module doc),
-    and through the attributes of `arguments` (the call's non-array arguments: a trainer
-    object passed as `self`, say).
+    """The NNX and Keras objects `fn` reaches through its closure and globals (see the
+    module doc), and through the attributes of `arguments` (the call's non-array arguments:
+    a trainer object passed as `self`, say).
 
     Raises:
       TypeError: `fn` reaches an object phalanx cannot carry; the message names it.
+      ValueError: `fn` reaches a Keras model that is not built (keras_state.collect).
     """
     walker = _Walker(what)
     walker.function(fn, 0)
     for index, argument in enumerate(arguments):
         if not nnx.graph.is_graph_node(argument):  # those travel as arguments already
             walker.value(argument, None, f"argument {index}", 0, 0)
+    if walker.keras:
+        state = keras_state.collect(list(walker.keras.values()), what)
+        walker.found.keras.append(state)
+        walker.found.add_node(state.carrier, state.label)
     return walker.found
 
 
@@ -329,7 +330,8 @@ def join(nodes: list[Any], found: Found) -> list[int]:
 
 @contextlib.contextmanager
 def redirected(found: Found, copies: list[Any], what: str = "strategy.run") -> Iterator[None]:
-    """Points every slot of `found` at the copy of the object it held, then back; meanwhile
+    """Points every slot of `found` at the copy of the object it held, then back, and runs
+    the Keras objects found on their copies' traced values (`KerasState.scope`); meanwhile
     a read of an NNX variable the search did not find is an error (`_uncarried_reads`)."""
     by_id = {id(node): copy for node, copy in zip(found.nodes, copies, strict=True)}
     saved: dict[int, tuple[Slot, Any]] = {}
@@ -340,7 +342,9 @@ def redirected(found: Found, copies: list[Any], what: str = "strategy.run") -> I
                 root = slot.root
                 saved.setdefault(id(root), (root, root.get()))
                 slot.set(by_id[id(old)])
-        with _uncarried_reads(what):
+        with _uncarried_reads(what), contextlib.ExitStack() as keras_scopes:
+            for state in found.keras:
+                keras_scopes.enter_context(state.scope(by_id[id(state.carrier)]))
             yield
     finally:
         for root, old in reversed(list(saved.values())):
@@ -420,6 +424,20 @@ def translated(what: str, error: Exception) -> Exception | None:
             "tf.GradientTape records a computation. JAX differentiates a function with "
             "respect to its arguments: write `def loss_fn(model): ...` and "
             "`loss, grads = nnx.value_and_grad(loss_fn)(model)`, then "
-            "`optimizer.update(model, grads)`"
+            f"`optimizer.update(model, grads)`. {_KERAS_GRADIENTS}"
+        )
+    if "__jax_array__" in text:
+        return TypeError(
+            f"{what}: the step passes objects that are not arrays, such as Keras variables "
+            f"(model.trainable_variables), to a JAX transform ({text}). {_KERAS_GRADIENTS}"
         )
     return None
+
+
+_KERAS_GRADIENTS = (
+    "With a Keras model, differentiate a function of the variables' values, as Keras's JAX "
+    "training loop does: `def loss_fn(trainable): logits, non_trainable_updates = "
+    "model.stateless_call(trainable, non_trainable, x, training=True); ...`, "
+    "`grads = jax.grad(loss_fn)([v.value for v in model.trainable_variables])`, then "
+    "`optimizer.apply_gradients(zip(grads, model.trainable_variables))`"
+)

@@ -7,8 +7,11 @@ What a replica function sees:
     gradient, and `ReplicaContext.all_reduce` sums real per-replica values;
     `nnx.Optimizer.update` sums unreduced gradients itself, as `apply_gradients` does
     (gradients.py);
-  * NNX objects the function reads from its closure or globals (lifting.py) travel with the
-    ones passed as arguments and are written back the same way.
+  * NNX objects, and Keras 3 models, optimizers and metrics (keras_state.py), that the
+    function reads from its closure or globals (lifting.py) travel with the ones passed as
+    arguments and are written back the same way;
+  * under model parallelism (`Strategy(model_parallel=M)`) the function is manual over the
+    data axis only: it sees whole layers, which XLA splits over the model axis.
 
 What comes back:
   * a leaf that is the same on every replica by construction (the result of an all_reduce,
@@ -325,11 +328,14 @@ class _Compiled:
             out_specs: Any = (P(axis), P())
         else:
             out_specs = ([P(axis) if v else P() for v in self.out_varying], P())
+        # Manual over the data axis only: under model parallelism, each replica's function
+        # sees whole (global-view) layers, and XLA splits their work over the model axis.
         return jax.shard_map(
             self._body(probe),
             mesh=self.strategy.mesh,
             in_specs=self._in_specs(),
             out_specs=out_specs,
+            axis_names={axis},
         )
 
     def _probe(self, plan: _Plan) -> None:
@@ -340,6 +346,16 @@ def run(strategy: Strategy, fn: Callable, args: tuple = (), kwargs: dict | None 
     """Runs `fn(*args, **kwargs)` once per replica; see the module docstring."""
     if not callable(fn):
         raise TypeError(f"strategy.run needs a function, got {fn!r}")
+    if strategy.model_parallel > 1 and strategy.num_replicas_in_sync == 1:
+        # XLA's SPMD partitioner refuses an all-reduce over a one-device manual axis beside
+        # an automatic one (RET_CHECK 'Cross-partition allreduce must be in (partial) manual
+        # partitioning mode', jax 0.10.2), and every step has one.
+        raise ValueError(
+            f"strategy.run needs at least 2 replicas under model parallelism; this strategy "
+            f"puts all {len(strategy.devices)} devices in one model group "
+            f"(model_parallel={strategy.model_parallel}). Use a smaller model_parallel, "
+            "e.g. half the devices, or Model.fit, which has no such limit"
+        )
     while True:  # bound arguments, and an NNX object's bound method's self, are arguments
         if isinstance(fn, functools.partial):
             args, kwargs = (*fn.args, *args), {**fn.keywords, **(kwargs or {})}

@@ -9,10 +9,11 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from phalanx._src.strategy import device_strings, state
+from phalanx._src.strategy import annotations, device_strings, state
+from phalanx._src.strategy import mesh as mesh_lib
 from phalanx._src.strategy import reduce as reduce_lib
 from phalanx._src.strategy import run as run_lib
 from phalanx._src.strategy import sharding as sharding_lib
@@ -25,9 +26,12 @@ from phalanx._src.strategy.values import PerReplica, local_results
 class Strategy:
     """Synchronous data-parallel training over every device (or the ones given).
 
-    The strategy owns a 1-D `jax.sharding.Mesh` whose data axis spans all replicas. State is
-    replicated over it (a `Model`'s may be sharded: `state_sharding`); batches are sharded
-    along it. Build models and optimizers inside `scope()` and they are created replicated;
+    The strategy owns a `jax.sharding.Mesh` whose data axis spans all replicas: 1-D, or
+    `data x model` with `model_parallel=M`, where each replica is a group of `M` devices
+    that split the layers the model annotates (`nnx.with_partitioning(init, (None,
+    "model"))`; see `annotations.py`). State is replicated over the data axis (a `Model`'s
+    may be sharded: `state_sharding`); batches are sharded along it. Build models and
+    optimizers inside `scope()` and they are created replicated (or as annotated);
     `run` executes a function once per replica; `reduce` combines per-replica results. In a
     multi-process job, every process must build the same strategy and call every method that
     communicates (`run`, `reduce`, distributing data).
@@ -37,10 +41,17 @@ class Strategy:
         ('/gpu:0', '/device:GPU:1', '/job:localhost/replica:0/task:0/device:CPU:0'; see
         `device_strings`). Default: all global devices (`jax.devices()`), across processes.
       axis_name: the name of the data axis.
+      model_parallel: devices per replica (the `model` axis's size). It must divide the
+        device count and each process's devices; a replica's devices are consecutive
+        devices of one process (`mesh.py`). `num_replicas_in_sync` is N / M.
+      axis_rules: `(logical name, mesh axis or None)` pairs, as Flax's
+        `logical_axis_rules`, for models annotated with logical names (MaxText's
+        `("embed", "mlp")`): `[("mlp", "model"), ("embed", None)]`. An axis the mesh lacks
+        (`model` without `model_parallel`) means replicated.
       state_sharding: where `Model`'s train state lives. 'replicated' (default): a full
         copy on every replica. 'zero1': optimizer state sharded over the replicas (ZeRO-1).
         'fsdp': parameters sharded too, gathered where used (FSDP / ZeRO-3). Same numbers
-        in every mode.
+        in every mode. Both shard over the data axis, on top of `model_parallel`.
       cross_device_ops: accepted for TF code (`tf.distribute.NcclAllReduce()`,
         `HierarchicalCopyAllReduce()`...) and kept as `cross_device_ops`; it changes
         nothing: XLA picks the collective for the platform and topology (NCCL on GPUs, the
@@ -48,7 +59,8 @@ class Strategy:
 
     Raises:
       ValueError: for no devices, a repeated device, a device string naming no device,
-        devices of several platforms, or an unknown `state_sharding`.
+        devices of several platforms, an unknown `state_sharding`, malformed `axis_rules`,
+        or a `model_parallel` that does not divide the devices.
 
     Example:
       >>> strategy = phalanx.Strategy()
@@ -56,6 +68,9 @@ class Strategy:
       8
       >>> with strategy.scope():
       ...     model = MLP(rngs=nnx.Rngs(0))        # parameters replicated on 8 devices
+      >>> wide = phalanx.Strategy(model_parallel=2)   # 4 replicas of 2 devices
+      >>> with wide.scope():
+      ...     model = Transformer(rngs=nnx.Rngs(0))  # kernels annotated "model": halves
     """
 
     def __init__(
@@ -63,6 +78,8 @@ class Strategy:
         devices: Sequence[jax.Device | str] | None = None,
         axis_name: str = "data",
         *,
+        model_parallel: int = 1,
+        axis_rules: Sequence[tuple[str, Any]] | None = None,
         state_sharding: str = "replicated",
         cross_device_ops: Any = None,
     ):
@@ -75,21 +92,35 @@ class Strategy:
             raise ValueError(f"Strategy got the same device twice: {devices}")
         self._devices = tuple(devices)
         self._axis_name = axis_name
-        self._mesh = Mesh(np.array(devices), (axis_name,), axis_types=(AxisType.Auto,))
+        self._model_parallel = mesh_lib.check_model_parallel(model_parallel, devices)
+        self._axis_rules = annotations.check_rules(axis_rules)
+        self._mesh = mesh_lib.build_mesh(devices, axis_name, self._model_parallel)
+        self._rules = annotations.AxisRules(self._axis_rules, dict(self._mesh.shape), axis_name)
         self._run_cache: dict[Any, Any] = {}
         self._scope_stack: list[contextlib.ExitStack] = []
 
     # ---- topology -------------------------------------------------------------------------
     @property
     def num_replicas_in_sync(self) -> int:
-        """Number of replicas that step in lockstep (the data axis size)."""
-        return len(self._devices)
+        """Number of replicas that step in lockstep (the data axis size: the devices over
+        `model_parallel`)."""
+        return len(self._devices) // self._model_parallel
 
     @property
     def num_local_replicas(self) -> int:
         """Replicas on this process's devices."""
         me = jax.process_index()
-        return sum(d.process_index == me for d in self._devices)
+        return sum(d.process_index == me for d in self._devices) // self._model_parallel
+
+    @property
+    def model_parallel(self) -> int:
+        """Devices per replica: the `model` axis's size (1: data parallelism only)."""
+        return self._model_parallel
+
+    @property
+    def axis_rules(self) -> tuple[tuple[str, Any], ...]:
+        """The logical-name rules annotations are resolved with (`axis_rules=`)."""
+        return self._axis_rules
 
     @property
     def devices(self) -> tuple[jax.Device, ...]:
@@ -125,13 +156,22 @@ class Strategy:
 
     def __repr__(self) -> str:
         kind = self._devices[0].platform
-        return f"Strategy(num_replicas_in_sync={self.num_replicas_in_sync}, platform={kind!r})"
+        model = f", model_parallel={self._model_parallel}" if self._model_parallel > 1 else ""
+        return (
+            f"Strategy(num_replicas_in_sync={self.num_replicas_in_sync}{model}, platform={kind!r})"
+        )
 
     # ---- scope and state ------------------------------------------------------------------
     @contextlib.contextmanager
     def scope(self) -> Iterator[Strategy]:
         """Makes this the current strategy; arrays and NNX variables created inside are
-        replicated over its devices. Nesting works; the outer scope is restored on exit.
+        replicated over its devices, or laid out as their sharding annotations say
+        (through `axis_rules`; an axis the mesh lacks means replicated). Nesting works; the
+        outer scope is restored on exit.
+
+        Raises:
+          ValueError: a variable built inside is annotated with a name that is neither a
+            mesh axis nor mapped by `axis_rules` (the message says how to map it).
 
         Example:
           >>> with strategy.scope():
@@ -140,8 +180,13 @@ class Strategy:
         """
         state.STACK.push(self)
         try:
-            with jax.set_mesh(self._mesh):
+            with jax.set_mesh(self._mesh), nnx.logical_axis_rules(self._rules.flax_rules()):
                 yield self
+        except ValueError as error:
+            clear = annotations.translated(error, self._rules)
+            if clear is None:
+                raise
+            raise clear from error
         finally:
             state.STACK.pop(self)
 
@@ -158,7 +203,9 @@ class Strategy:
         nodes = [leaf for leaf in jax.tree.leaves(tree, is_leaf=nnx.graph.is_graph_node)]
         if any(nnx.graph.is_graph_node(leaf) for leaf in nodes):
             graph_nodes = [n for n in nodes if nnx.graph.is_graph_node(n)]
-            nnx.update(graph_nodes, jax.device_put(nnx.state(graph_nodes), sharding))
+            values = nnx.state(graph_nodes)
+            placed = jax.device_put(values, self.train_state_shardings({"rest": values})["rest"])
+            nnx.update(graph_nodes, placed)
             return jax.tree.map(
                 lambda x: x if nnx.graph.is_graph_node(x) else jax.device_put(x, sharding),
                 tree,
@@ -170,7 +217,7 @@ class Strategy:
         """The sharding of each leaf of a train-state dict (`params`, `rest`, `opt`,
         `metrics`, or a subset) under `state_sharding`; leaves may be abstract."""
         return sharding_lib.train_state_shardings(
-            state, self._state_sharding, self._mesh, self._axis_name
+            state, self._state_sharding, self._mesh, self._axis_name, self._axis_rules
         )
 
     def place_train_state(self, state: dict) -> dict:
@@ -362,7 +409,8 @@ class Strategy:
         A distributed batch gives each replica's share. A per-example value of a partial
         batch keeps its real rows only, as in TF: a replica past the end of the data gives an
         empty (0-row) value."""
-        first = [d.process_index for d in self._devices].index(jax.process_index())
+        groups = self._mesh.devices.reshape(self.num_replicas_in_sync, -1)
+        first = [g[0].process_index for g in groups].index(jax.process_index())
         return local_results(value, self.num_replicas_in_sync, first, self.num_local_replicas)
 
 

@@ -48,6 +48,14 @@ class Model:
     Args:
       module: a Flax NNX module (or Keras 3 model) mapping a batch of inputs to predictions.
       strategy: the strategy to train on; default: `phalanx.get_strategy()` at construction.
+      layout_map: a Keras model's layout under `Strategy(model_parallel=M)`: `{regex: axes}`
+        or a `keras.distribution.LayoutMap`, matched on variable paths as Keras does, e.g.
+        `{".*dense.*kernel": (None, "model")}`; unmatched variables, and all of them on a
+        strategy without a `model` axis, are replicated. NNX modules annotate their own.
+
+    Raises:
+      TypeError: `layout_map` for a non-Keras model, or neither a dict nor a LayoutMap.
+      ValueError: a layout that does not fit its variable (the message names its path).
 
     Example:
       >>> strategy = phalanx.Strategy()
@@ -60,10 +68,21 @@ class Model:
       {'loss': 0.08, 'accuracy': 0.975}
     """
 
-    def __init__(self, module: Any, *, strategy: Strategy | None = None) -> None:
+    def __init__(
+        self, module: Any, *, strategy: Strategy | None = None, layout_map: Any = None
+    ) -> None:
         self.adapter = adapt(module)
         self._chosen_strategy = strategy is not None or has_strategy()  # else the default
         self.strategy = strategy if strategy is not None else get_strategy()
+        if layout_map is not None:
+            set_layout_map = getattr(self.adapter, "set_layout_map", None)
+            if set_layout_map is None:
+                raise TypeError(
+                    f"layout_map is for Keras models; a {type(module).__name__} carries its "
+                    "layout on its parameters (nnx.with_partitioning(init, (None, 'model'))). "
+                    "Drop layout_map="
+                )
+            set_layout_map(layout_map, self.strategy)
         # The training state, compiled calls and fit's position; see `engine.Engine`.
         self.engine = Engine(self.strategy, self.adapter)
         self.history: Any = None
@@ -226,7 +245,10 @@ class Model:
             return
         current, mine = get_strategy(), self.strategy
         if current is mine or (
-            current.devices == mine.devices and current.state_sharding == mine.state_sharding
+            current.devices == mine.devices
+            and current.state_sharding == mine.state_sharding
+            and current.model_parallel == mine.model_parallel
+            and current.axis_rules == mine.axis_rules
         ):
             return
         how = (

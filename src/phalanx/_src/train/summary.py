@@ -8,7 +8,8 @@ from an abstract trace (`jax.eval_shape`): nothing is computed or compiled.
 
 The memory lines give the bytes of parameters and optimizer state that each device holds,
 as laid out by the strategy (`phalanx._src.strategy.sharding.memory_report`: replicated, or
-split by ZeRO-1 / FSDP), and the non-trainable state (batch statistics, RNG counters).
+split by ZeRO-1 / FSDP and by `model_parallel`) and under the other `state_sharding` modes,
+and the non-trainable state (batch statistics, RNG counters).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from phalanx._src.strategy.sharding import memory_report
 from phalanx._src.train.engine import checks
 
 _MARKUP = re.compile(r"\[/?[a-z ]+\]")  # rich's markup in nnx.tabulate's reprs
@@ -105,28 +107,25 @@ def _params_by_path(module: Any) -> dict[tuple, tuple[str, int, int]]:
     return dict(sorted(found.items(), key=lambda item: (len(item[0]) > 0, item[0])))
 
 
-def _memory(model: Any) -> tuple[str, dict[str, int]]:
-    """(layout, per-device bytes {'params', 'optimizer', 'total'})."""
-    try:
-        from phalanx._src.strategy.sharding import memory_report
-    except ImportError:  # fall back to the arrays' own shardings
-        memory_report = None
-    if memory_report is not None:
-        report = memory_report(model)
-        return str(report["state_sharding"]), report["sharded"]
-    state = model.engine.state
-    device = model.strategy.devices[0]
-
-    def on_device(tree: Any) -> int:
-        return sum(
-            shard.data.nbytes
-            for leaf in jax.tree.leaves(tree)
-            for shard in leaf.addressable_shards
-            if shard.device == device
-        )
-
-    params, opt = on_device(state["params"]), on_device(state["opt"])
-    return "as placed", {"params": params, "optimizer": opt, "total": params + opt}
+def _memory_lines(model: Any) -> list[str]:
+    """Per-device bytes of parameters and optimizer state: as laid out now, then under each
+    `state_sharding` at the same `model_parallel` (`memory_report`)."""
+    report = memory_report(model)
+    where = str(report["state_sharding"])
+    if report["model_parallel"] > 1:
+        where += f", model_parallel={report['model_parallel']}"
+    now = report["sharded"]
+    lines = [
+        f"Device memory per device ({where}): params {now['params']:,} B + "
+        f"optimizer {now['optimizer']:,} B = {now['total']:,} B ({_human(now['total'])})"
+    ]
+    others = [
+        f"{mode} {_human(each['total'])}"
+        for mode, each in report["layouts"].items()
+        if mode != report["state_sharding"]
+    ]
+    lines.append("  other state_sharding layouts: " + ", ".join(others))
+    return lines
 
 
 def summary_text(
@@ -192,15 +191,12 @@ def summary_text(
     params, params_bytes = _size(model.engine.state["params"])
     rest, rest_bytes = _size(model.engine.state["rest"])
     opt, opt_bytes = _size(model.engine.state["opt"])
-    layout, per_device = _memory(model)
     lines += [
         f"Total params: {params + rest:,} ({_human(params_bytes + rest_bytes)})",
         f"Trainable params: {params:,} ({_human(params_bytes)})",
         f"Non-trainable state: {rest:,} ({_human(rest_bytes)})",
         f"Optimizer state: {opt:,} ({_human(opt_bytes)})",
-        f"Device memory per device ({layout}): params {per_device['params']:,} B + "
-        f"optimizer {per_device['optimizer']:,} B = {per_device['total']:,} B "
-        f"({_human(per_device['total'])})",
+        *_memory_lines(model),
     ]
     return "\n".join(line.rstrip() for line in lines)
 

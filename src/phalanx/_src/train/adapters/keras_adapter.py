@@ -17,6 +17,12 @@
   'mixed_float16') is applied, while tracing, to every layer whose policy is 'float32':
   variables stay float32 and are cast for the computation (Keras's autocast), and
   BatchNormalization keeps float32 statistics.
+- **Model parallelism.** `Model(keras_model, layout_map=...)`: each variable's `path` is
+  looked up as `keras.distribution.LayoutMap` does (the equal key, else the one key that
+  `re.fullmatch`es it). A matched variable travels as an `nnx.Variable` with
+  `out_sharding=<axes>`, the annotation the strategy lays NNX parameters out by (optax's
+  moments inherit it); the others stay arrays. Axes absent from the mesh mean replicated; a
+  `LayoutMap`'s device mesh and keys matching no variable (layer outputs) are ignored.
 - keras is imported only when a Keras model was already built, i.e. never by phalanx itself.
 
 - **Losses the model adds.** `apply_with_losses` returns Keras's `model.losses` of the call
@@ -35,16 +41,23 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-from collections.abc import Iterator, Sequence
-from typing import Any
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
 
+from phalanx._src.strategy.annotations import AxisRules
 from phalanx._src.train.adapters import keras_loss
 from phalanx._src.train.api import precision
 from phalanx._src.train.api.keras_bridge import is_keras_object
+
+if TYPE_CHECKING:
+    from phalanx._src.strategy.strategy import Strategy
 
 # The batch mask of the step being traced, read by the patched BatchNormalization.call.
 _BATCH_MASK: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar(
@@ -197,6 +210,7 @@ class KerasAdapter:
         self._policy: Any = None
         self._call_has_training = "training" in _call_arguments(model)
         self.overrides_loss = keras_loss.overridden(model, "compute_loss")
+        self._layouts: dict[str, tuple] = {}  # variable path -> axes, from `layout_map`
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -205,10 +219,43 @@ class KerasAdapter:
     def set_policy(self, policy: Any) -> None:
         self._policy = policy
 
+    def set_layout_map(self, layout_map: Any, strategy: Strategy) -> None:
+        """Lays the variables out as `layout_map` (`{regex: axes}` or a Keras `LayoutMap`)
+        says, on `strategy`'s mesh; see the module docstring.
+
+        Raises:
+          TypeError: `layout_map` is neither a dict nor a LayoutMap.
+          ValueError: a malformed key or layout, or one that does not fit its variable
+            (named by path): several keys match, more axes than it has, a size the mesh
+            axes do not divide, a name neither a mesh axis nor mapped by `axis_rules`.
+
+        Example:
+          >>> adapter.set_layout_map({".*dense.*kernel": (None, "model")}, strategy)
+        """
+        layouts = _check_layout_map(layout_map)
+        rules = AxisRules(strategy.axis_rules, dict(strategy.mesh.shape), strategy.axis_name)
+        self._layouts = {}
+        model = self.model
+        for variable in [*model.trainable_variables, *model.non_trainable_variables]:
+            key, axes = _lookup(layouts, variable.path)
+            if axes is None:
+                continue
+            try:
+                rules.spec(axes, tuple(variable.shape), f"Keras variable {variable.path!r}")
+            except ValueError as error:
+                raise ValueError(f"{error}; or change layout_map[{key!r}]") from None
+            self._layouts[variable.path] = axes
+
+    def _copy(self, variable: Any, kind: type) -> Any:
+        # A copy: the compiled steps donate their state, and the Keras variable keeps its own.
+        value = jnp.array(variable.value, copy=True)
+        axes = self._layouts.get(variable.path)
+        # Not sharded here (eager_sharding=False): the engine places the whole state.
+        return value if axes is None else kind(value, out_sharding=axes, eager_sharding=False)
+
     def variables(self) -> tuple[Any, Any]:
-        # Copies: the compiled steps donate their state, and the Keras variables keep theirs.
-        params = [jnp.array(v.value, copy=True) for v in self.model.trainable_variables]
-        state = [jnp.array(v.value, copy=True) for v in self.model.non_trainable_variables]
+        params = [self._copy(v, nnx.Param) for v in self.model.trainable_variables]
+        state = [self._copy(v, nnx.Variable) for v in self.model.non_trainable_variables]
         return params, state
 
     def _policy_now(self) -> Any:
@@ -235,13 +282,13 @@ class KerasAdapter:
             _masked_activity_regularizers(self.model, mask),
         ):
             outputs, new_state, losses = self.model.stateless_call(
-                list(params), list(state), inputs, return_losses=True, **kwargs
+                _arrays(params), _arrays(state), inputs, return_losses=True, **kwargs
             )
         # Keras's `_aggregate_additional_loss`: each term summed to a scalar.
         losses = [jnp.sum(jnp.asarray(loss, jnp.float32)) for loss in losses]
         if not training:  # inference leaves every variable as it was (protocol)
             return outputs, state, losses
-        return outputs, list(new_state), losses
+        return outputs, _like(new_state, state), losses
 
     def set_extra_losses(self, fn: Any) -> None:
         if fn is not None:
@@ -270,15 +317,17 @@ class KerasAdapter:
         training: bool,
     ) -> tuple[jax.Array, Any]:
         with _compute_dtype(self.model, self._policy_now()):
-            return keras_loss.per_example(
-                self.model, params, state, losses, batch, y_pred, mask, training
+            rows, new_state = keras_loss.per_example(
+                self.model, _arrays(params), _arrays(state), losses, batch, y_pred, mask, training
             )
+        return rows, _like(new_state, state)
 
     def assign(self, params: Any, state: Any) -> None:
         # Host copies: Keras's own jitted functions then place them as they need.
-        for variable, value in zip(self.model.trainable_variables, params, strict=True):
+        for variable, value in zip(self.model.trainable_variables, _arrays(params), strict=True):
             variable.assign(np.asarray(jax.device_get(value)))
-        for variable, value in zip(self.model.non_trainable_variables, state, strict=True):
+        pairs = zip(self.model.non_trainable_variables, _arrays(state), strict=True)
+        for variable, value in pairs:
             variable.assign(np.asarray(jax.device_get(value)))
 
     def get_weights(self, params: Any, state: Any) -> list[np.ndarray]:
@@ -301,6 +350,69 @@ class KerasAdapter:
                 )
         self.model.set_weights(weights)
         return self.variables()
+
+
+def _arrays(values: Sequence[Any]) -> list:
+    """A variable list's arrays: the laid-out entries taken out of their `nnx.Variable`."""
+    return [v.get_value() if isinstance(v, nnx.Variable) else v for v in values]
+
+
+def _like(values: Sequence[Any], template: Sequence[Any]) -> list:
+    """`values` (arrays) wrapped as `template`'s entries are: the same Variable type and
+    layout, so a step's state keeps its structure."""
+    return jax.tree.unflatten(jax.tree.structure(list(template)), list(values))
+
+
+def _axes(key: str, value: Any) -> tuple | None:
+    """One `layout_map` value as axis names (None: replicated)."""
+    if is_keras_object(value, "distribution.TensorLayout"):
+        value = value.axes
+    value = tuple(value) if isinstance(value, P | list) else value
+    entries = (type(None), str, tuple)
+    if value is None or (isinstance(value, tuple) and all(isinstance(e, entries) for e in value)):
+        return value
+    raise ValueError(
+        f"layout_map[{key!r}] is {value!r}; a layout is a tuple with a mesh axis name or None "
+        "per axis of the variable, e.g. (None, 'model') splits a Dense kernel's output units "
+        "over the model axis; or a PartitionSpec, a keras.distribution.TensorLayout, or None"
+    )
+
+
+def _check_layout_map(layout_map: Any) -> dict[str, tuple | None]:
+    """`layout_map` (a dict or a `keras.distribution.LayoutMap`) as `{regex: axes}`."""
+    if not isinstance(layout_map, Mapping):
+        raise TypeError(
+            f"layout_map must be a dict {{regex: axes}} or a keras.distribution.LayoutMap, "
+            f"got {type(layout_map).__name__}; e.g. layout_map={{'.*dense.*kernel': "
+            "(None, 'model')}"
+        )
+    layouts = {}
+    for key, value in layout_map.items():
+        try:
+            re.compile(key)
+        except (re.error, TypeError) as error:
+            raise ValueError(
+                f"layout_map key {key!r} is not a regex over variable paths ({error}); e.g. "
+                "'.*dense.*kernel' matches 'sequential/dense/kernel'"
+            ) from None
+        layouts[key] = _axes(key, value)
+    return layouts
+
+
+def _lookup(layouts: dict[str, tuple | None], path: str) -> tuple[str | None, tuple | None]:
+    """`(key, axes)` for the variable at `path`, as `keras.distribution.LayoutMap` looks it
+    up: the key equal to `path`, else the one key that `re.fullmatch`es it; `(None, None)`
+    when none does."""
+    if path in layouts:
+        return path, layouts[path]
+    keys = [key for key in layouts if re.fullmatch(key, path)]
+    if len(keys) > 1:
+        raise ValueError(
+            f"Keras variable {path!r} matches several layout_map keys, {keys}; make each "
+            "variable's path match at most one (keys are regexes matched against the whole "
+            "path, as keras.distribution.LayoutMap matches them)"
+        )
+    return (keys[0], layouts[keys[0]]) if keys else (None, None)
 
 
 _STEP_ADVICE = {
