@@ -29,6 +29,13 @@ def _dataset(strategy):
     return strategy.experimental_distribute_dataset(ds)
 
 
+def _first_batch(strategy):
+    """One full global batch, distributed."""
+    full = [(X[:GLOBAL_BATCH_SIZE], Y[:GLOBAL_BATCH_SIZE])]
+    (batch,) = list(strategy.experimental_distribute_dataset(full))
+    return batch
+
+
 def _build(strategy):
     with strategy.scope():
         model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
@@ -126,9 +133,7 @@ def test_tf_shaped_loop_equals_explicit_form_and_one_device(replicas, compiled):
 def test_one_sgd_step_on_unreduced_gradients_is_the_full_batch_step():
     strategy = phalanx.Strategy()
     model, optimizer, _ = _build(strategy)
-    (batch,) = list(
-        strategy.experimental_distribute_dataset([(X[:GLOBAL_BATCH_SIZE], Y[:GLOBAL_BATCH_SIZE])])
-    )
+    batch = _first_batch(strategy)
 
     def step(inputs):
         images, labels = inputs
@@ -152,9 +157,7 @@ def _loss_one(model, x, y):
 def test_partly_reduced_gradients_are_an_error():
     strategy = phalanx.Strategy()
     model, optimizer, _ = _build(strategy)
-    (batch,) = list(
-        strategy.experimental_distribute_dataset([(X[:GLOBAL_BATCH_SIZE], Y[:GLOBAL_BATCH_SIZE])])
-    )
+    batch = _first_batch(strategy)
 
     def step(inputs):
         images, labels = inputs
@@ -252,9 +255,7 @@ def test_a_bound_method_of_an_nnx_module_carries_its_self():
 def test_a_function_calling_another_carries_the_state_through_both():
     strategy = phalanx.Strategy()
     model, optimizer, accuracy = _build(strategy)
-    (batch,) = list(
-        strategy.experimental_distribute_dataset([(X[:GLOBAL_BATCH_SIZE], Y[:GLOBAL_BATCH_SIZE])])
-    )
+    batch = _first_batch(strategy)
 
     def train_step(inputs):
         images, labels = inputs

@@ -204,6 +204,8 @@ class Strategy:
         if any(nnx.graph.is_graph_node(leaf) for leaf in nodes):
             graph_nodes = [n for n in nodes if nnx.graph.is_graph_node(n)]
             values = nnx.state(graph_nodes)
+            # As a model's non-trainable part: laid out by its annotations alone (no
+            # state_sharding mode shards "rest").
             placed = jax.device_put(values, self.train_state_shardings({"rest": values})["rest"])
             nnx.update(graph_nodes, placed)
             return jax.tree.map(
