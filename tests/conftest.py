@@ -12,9 +12,16 @@ import threading
 from pathlib import Path
 
 NUM_DEVICES = int(os.environ.get("PHALANX_TEST_DEVICES", "8"))
+# The tests' programs are tiny: compiling them dominates, and LLVM's optimization passes are
+# most of compiling. Without them the suite compiles in about half the time (tests/model/
+# test_families.py from an empty cache: 110 s against 192 s); one-device references and
+# N-replica runs are compiled with the same flags, so equality tests still compare like with
+# like. Child processes that choose their own devices keep this flag (see `child_env`).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = " ".join(
     [
         os.environ.get("XLA_FLAGS", ""),
+        FAST_COMPILE_FLAGS,
         f"--xla_force_host_platform_device_count={NUM_DEVICES}",
         # A stuck collective fails the test in seconds instead of stalling CI.
         "--xla_cpu_collective_call_warn_stuck_timeout_seconds=10",
@@ -84,6 +91,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     count = sum(MNIST_SKIP in reason(report) for report in skipped)
     if count:
         terminalreporter.write_line(f"{count} MNIST tests skipped: {MNIST_SKIP}")
+
+
+@pytest.fixture
+def child_env() -> dict[str, str]:
+    """The environment for a child process that picks its own devices (`phalanx train`, the
+    examples, workers): this one's, on CPU, without the fake-device count and
+    PHALANX_CPU_DEVICES, but with the tests' fast-compile flags."""
+    env = {k: v for k, v in os.environ.items() if k != "PHALANX_CPU_DEVICES"}
+    env.update(XLA_FLAGS=FAST_COMPILE_FLAGS, JAX_PLATFORMS="cpu")
+    return env
 
 
 @pytest.fixture

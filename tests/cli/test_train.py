@@ -10,10 +10,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def _run(args, env_extra=None, timeout=240):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PHALANX_CPU_DEVICES")}
-    env["JAX_PLATFORMS"] = "cpu"
-    env.update(env_extra or {})
+def _run(child_env, args, env_extra=None, timeout=240):
+    env = {**child_env, **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "phalanx._src.cli.main", "train", *args],
         capture_output=True,
@@ -23,8 +21,9 @@ def _run(args, env_extra=None, timeout=240):
     )
 
 
-def test_train_reaches_keras_accuracy_on_8_devices(mnist_path, tmp_path):
+def test_train_reaches_keras_accuracy_on_8_devices(child_env, mnist_path, tmp_path):
     done = _run(
+        child_env,
         [
             "--epochs",
             "5",
@@ -35,7 +34,7 @@ def test_train_reaches_keras_accuracy_on_8_devices(mnist_path, tmp_path):
             str(tmp_path),
             "--data-dir",
             str(mnist_path.parent),
-        ]
+        ],
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
@@ -62,10 +61,11 @@ socket.create_connection = socket.getaddrinfo = _no_network
 """
 
 
-def test_offline_without_mnist_trains_on_the_embedded_digits(tmp_path):
+def test_offline_without_mnist_trains_on_the_embedded_digits(child_env, tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(NO_NETWORK)
     done = _run(
+        child_env,
         ["--json", "--logdir", str(tmp_path / "runs")],
         env_extra={
             "PYTHONPATH": str(tmp_path / "site"),
@@ -90,8 +90,9 @@ def test_offline_without_mnist_trains_on_the_embedded_digits(tmp_path):
     assert os.path.exists(os.path.join(report["run_dir"], "history.csv"))
 
 
-def test_asking_for_mnist_without_it_is_one_clear_error(tmp_path):
+def test_asking_for_mnist_without_it_is_one_clear_error(child_env, tmp_path):
     done = _run(
+        child_env,
         ["--data", "mnist", "--data-dir", str(tmp_path)],
         env_extra={
             "PHALANX_DATA_DIR": str(tmp_path),
@@ -105,14 +106,15 @@ def test_asking_for_mnist_without_it_is_one_clear_error(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_bad_options_fail_before_any_work(tmp_path):
-    done = _run(["--steps-per-execution", "0", "--data-dir", str(tmp_path)], timeout=60)
+def test_bad_options_fail_before_any_work(child_env, tmp_path):
+    done = _run(child_env, ["--steps-per-execution", "0", "--data-dir", str(tmp_path)], timeout=60)
     assert done.returncode != 0
     assert "--steps-per-execution must be a positive int" in done.stderr
 
 
-def test_find_batch_size_leaves_at_least_20_steps_an_epoch(tmp_path):
+def test_find_batch_size_leaves_at_least_20_steps_an_epoch(child_env, tmp_path):
     done = _run(
+        child_env,
         [
             *("--data", "digits", "--find-batch-size", "--epochs", "1", "--cpu-devices", "2"),
             *("--json", "--logdir", str(tmp_path)),

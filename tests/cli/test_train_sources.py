@@ -58,10 +58,8 @@ def user_module(tmp_path, monkeypatch):
     ("factory", "activation"),
     [("build", "--no-from-logits"), ("build_keras", "--from-logits")],  # NNX, then Keras 3
 )
-def test_trains_the_users_model_on_the_users_data(user_module, factory, activation):
-    excluded = ("XLA_FLAGS", "PHALANX_CPU_DEVICES", "KERAS_BACKEND")
-    env = {k: v for k, v in os.environ.items() if k not in excluded}
-    env["JAX_PLATFORMS"] = "cpu"
+def test_trains_the_users_model_on_the_users_data(child_env, user_module, factory, activation):
+    env = {k: v for k, v in child_env.items() if k != "KERAS_BACKEND"}
     done = subprocess.run(
         [
             sys.executable,

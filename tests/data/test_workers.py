@@ -152,12 +152,11 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_killing_the_parent_leaves_no_workers_and_the_state_resumes_exactly(tmp_path):
+def test_killing_the_parent_leaves_no_workers_and_the_state_resumes_exactly(child_env, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(_CHILD.format(tests=os.path.dirname(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     child = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=child_env
     )
     try:
         ready, _, _ = select.select([child.stdout], [], [], 120)

@@ -1,6 +1,5 @@
 """The two seed programs, ported, run unchanged on one device and on 8 fake devices."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +10,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 pytestmark = pytest.mark.slow
 
 
-def _run(script, args, devices, data_dir):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(
-        JAX_PLATFORMS="cpu", PHALANX_CPU_DEVICES=str(devices), PHALANX_DATA_DIR=str(data_dir)
-    )
+def _run(child_env, script, args, devices, data_dir):
+    env = {**child_env, "PHALANX_CPU_DEVICES": str(devices), "PHALANX_DATA_DIR": str(data_dir)}
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
@@ -28,9 +24,13 @@ def _run(script, args, devices, data_dir):
 
 
 @pytest.mark.parametrize("devices", [1, 8])
-def test_fit_example(mnist_path, devices):
+def test_fit_example(child_env, mnist_path, devices):
     out = _run(
-        "mnist_fit.py", ["--epochs", "2", "--steps-per-epoch", "8"], devices, mnist_path.parent
+        child_env,
+        "mnist_fit.py",
+        ["--epochs", "2", "--steps-per-epoch", "8"],
+        devices,
+        mnist_path.parent,
     )
     assert f"Number of accelerators: {devices}" in out
     assert f"Global batch size: {128 * devices}" in out
@@ -44,9 +44,13 @@ def test_fit_example(mnist_path, devices):
 
 
 @pytest.mark.parametrize("devices", [1, 8])
-def test_custom_training_loop_example(mnist_path, devices):
+def test_custom_training_loop_example(child_env, mnist_path, devices):
     out = _run(
-        "custom_training_loop.py", ["--epochs", "2", "--steps", "12"], devices, mnist_path.parent
+        child_env,
+        "custom_training_loop.py",
+        ["--epochs", "2", "--steps", "12"],
+        devices,
+        mnist_path.parent,
     )
     summaries = [
         line for line in out.splitlines() if line.startswith("Epoch ") and "accuracy" in line
@@ -58,10 +62,11 @@ def test_custom_training_loop_example(mnist_path, devices):
     assert 0.5 < accuracy <= 1.0
 
 
-def test_image_folder_example(tmp_path):
+def test_image_folder_example(child_env, tmp_path):
     # PNG files -> image_dataset_from_directory -> augmentation -> fit (process workers are
     # tested in tests/data/test_workers.py; their start-up would double this test's time).
     out = _run(
+        child_env,
         "image_folder_fit.py",
         ["--epochs", "2", "--workers", "0", "--folder", str(tmp_path / "png")],
         1,

@@ -255,12 +255,14 @@ checkpoint.save(os.path.join(sys.argv[1], "ckpt"))
 """
 
 
-def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint(child_env, tmp_path):
     script = tmp_path / "save.py"
     script.write_text(textwrap.dedent(_KILLED_MID_SAVE))
     run = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, timeout=120
+        [sys.executable, str(script), str(tmp_path)],
+        env=child_env,
+        capture_output=True,
+        timeout=120,
     )
     assert run.returncode == -9, run.stderr.decode()[-2000:]
     leftovers = os.listdir(tmp_path / "ckpt")
