@@ -1,4 +1,4 @@
-"""What arguments cost a compiled call: the reason the state's small leaves are packed.
+"""What arguments cost a compiled call: the reason the state's scalars are packed.
 
     python benchmarks/bench_dispatch.py            # 1 and 8 fake CPU devices
 
@@ -6,9 +6,11 @@ A jitted pass-through (+1 on every entry), donated, over the MLP's training stat
 parameter and Adam-moment arrays and 10 replicated float32 scalars (what metric sums, an
 optimizer's count and injected hyperparameters add), called in a loop that reads one
 scalar back after every call, as fit's does. The same values in three layouts: 22
-arguments (nothing packed); 13 (the scalars in one vector); 4 (what `train/packing.py`
-does: every leaf of at most `SMALL` elements, here the biases, the 128x10 kernel and its
-moments and the scalars, in one vector, beside the three 784x128 arrays). Best of 7
+arguments (nothing packed); 13 (the scalars in one vector: what `train/engine/packing.py`
+does); 4 (what it did before issue 23: every leaf of at most `SMALL` elements, here the
+biases, the 128x10 kernel and its moments and the scalars, in one vector, beside the three
+784x128 arrays; dropped because XLA:CPU compiles a kernel for each packed array's bit cast,
++4 s before the first step of keras.io's TabTransformer). Best of 7
 interleaved rounds of 300 calls; each call's time includes its (identical) arithmetic.
 
 Results on 2 CPU cores (jax 0.10.2), 2026-11-25 03:50 UTC, three runs in a row (the
@@ -35,6 +37,7 @@ import sys
 import time
 
 ROUNDS = 7
+SMALL = 4096  # elements: the largest leaf the "small" layout packs
 
 
 def child(devices: int) -> None:
@@ -43,8 +46,6 @@ def child(devices: int) -> None:
     jax.config.update("jax_num_cpu_devices", devices)
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
-
-    from phalanx._src.train.engine.packing import SMALL
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     repl = NamedSharding(mesh, PartitionSpec())

@@ -242,6 +242,83 @@ def batch_norm():
     )
 
 
+# keras.io's "Structured data learning with TabTransformer" (examples/structured_data/
+# tabtransformer.py), built as the example builds it: the census's 5 numeric and 8
+# categorical inputs (float indices into embeddings), transformer blocks of multi-head
+# attention, a BatchNormalization + SELU MLP, a sigmoid, AdamW and sample weights.
+# benchmarks/bench_tabular.py times it at the example's sizes.
+CENSUS_NUMERIC = ["age", "education_num", "capital_gain", "capital_loss", "hours_per_week"]
+CENSUS_VOCABULARY = {  # each categorical column's distinct values in the census's adult.data
+    "workclass": 9,
+    "education": 16,
+    "marital_status": 7,
+    "occupation": 15,
+    "relationship": 6,
+    "race": 5,
+    "gender": 2,
+    "native_country": 42,
+}
+
+
+def _mlp_block(units, dropout, activation, normalization, name=None):
+    layers = []
+    for width in units:
+        layers += [
+            normalization(),
+            keras.layers.Dense(width, activation=activation),
+            keras.layers.Dropout(dropout),
+        ]
+    return keras.Sequential(layers, name=name)
+
+
+def tabtransformer(blocks: int = 3, heads: int = 4, dims: int = 16, dropout: float = 0.2):
+    """keras.io's `create_tabtransformer_classifier` (its defaults are the example's)."""
+    from functools import partial
+
+    from keras import layers, ops
+
+    names = CENSUS_NUMERIC + list(CENSUS_VOCABULARY)
+    inputs = {name: layers.Input(name=name, shape=(), dtype="float32") for name in names}
+    categorical = [
+        layers.Embedding(input_dim=size, output_dim=dims)(inputs[name])
+        for name, size in CENSUS_VOCABULARY.items()
+    ]
+    features = ops.stack(categorical, axis=1)
+    numerical = layers.concatenate([ops.expand_dims(inputs[n], -1) for n in CENSUS_NUMERIC])
+    norm = partial(layers.LayerNormalization, epsilon=1e-6)
+    for i in range(blocks):
+        attention = layers.MultiHeadAttention(num_heads=heads, key_dim=dims, dropout=dropout)
+        x = norm(name=f"layer_norm1_{i}")(layers.Add()([attention(features, features), features]))
+        forward = _mlp_block([dims], dropout, keras.activations.gelu, norm)(x)
+        features = norm(name=f"layer_norm2_{i}")(layers.Add()([forward, x]))
+    numerical = norm(name="numerical_norm")(numerical)
+    features = layers.concatenate([layers.Flatten()(features), numerical])
+    units = [factor * features.shape[-1] for factor in (2, 1)]
+    selu = keras.activations.selu
+    features = _mlp_block(units, dropout, selu, layers.BatchNormalization, name="MLP")(features)
+    return keras.Model(inputs, layers.Dense(1, activation="sigmoid")(features))
+
+
+def census(n: int, seed: int = 0):
+    """`(x, y, sample_weight)`: `n` random rows with the census's columns and vocabularies
+    (the example reads them from the UCI CSV files; the tests never download)."""
+    rng = np.random.default_rng(seed)
+    x = {name: rng.normal(size=n).astype(np.float32) for name in CENSUS_NUMERIC}
+    for name, size in CENSUS_VOCABULARY.items():
+        x[name] = rng.integers(0, size, n).astype(np.float32)
+    y = rng.integers(0, 2, n).astype(np.float32)
+    return x, y, rng.uniform(0.1, 2.0, n).astype(np.float32)
+
+
+def census_compile():
+    """The example's `run_experiment` compile arguments."""
+    return dict(
+        optimizer=keras.optimizers.AdamW(learning_rate=1e-3, weight_decay=1e-4),
+        loss=keras.losses.BinaryCrossentropy(),
+        metrics=[keras.metrics.BinaryAccuracy(name="accuracy")],
+    )
+
+
 def _sparse_ce(**extra):
     return dict(
         optimizer=keras.optimizers.Adam(1e-2),
@@ -270,4 +347,5 @@ FAMILIES = {
     "bidirectional_lstm": (bidirectional_lstm, tokens, _sparse_ce, 48),
     "multi_head_attention": (attention, sequences, _sparse_ce, 48),
     "batch_norm": (batch_norm, _classes, _sparse_ce, 48),
+    "tabtransformer": (lambda: tabtransformer(1, 2, 4), census, census_compile, 48),
 }

@@ -15,6 +15,11 @@ import phalanx
 BATCH = 8
 FIT = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 EVALUATE = dict(batch_size=BATCH, verbose=0, return_dict=True)
+# Weights whose gradient is zero by construction, so only rounding moves them, and Adam
+# scales that rounding up to a step of its own: in keras.io's TabTransformer, the shifts of
+# the LayerNormalizations right before the MLP's BatchNormalization, which subtracts each
+# feature's batch mean (their values differ by ~4e-5 between any two summation orders).
+NULL_GRADIENT = {"tabtransformer": ("layer_norm2_0/beta", "numerical_norm/beta")}
 
 
 def strategies():
@@ -67,5 +72,7 @@ def test_family_gives_kerass_numbers_on_1_and_8_replicas(name):
             np.testing.assert_allclose(
                 ours[key], value, rtol=2e-5, atol=2e-6, err_msg=f"{label}: evaluate {key}"
             )
-        for a, b in zip(mine.get_weights(), reference.get_weights(), strict=True):
-            np.testing.assert_allclose(a, b, atol=2e-5, err_msg=label)
+        pairs = zip(mine.weights, mine.get_weights(), reference.get_weights(), strict=True)
+        for variable, a, b in pairs:
+            if variable.path not in NULL_GRADIENT.get(name, ()):
+                np.testing.assert_allclose(a, b, atol=2e-5, err_msg=f"{label}: {variable.path}")

@@ -155,3 +155,21 @@ def test_auto_steps_per_execution_fits_the_epoch(all_devices):
     np.testing.assert_allclose(
         auto.history.history["loss"], single.history.history["loss"], rtol=1e-5
     )
+
+
+def test_the_default_shuffle_follows_numpys_global_seed(all_devices):
+    # Keras draws its shuffle seed from NumPy's global generator: `np.random.seed` (and
+    # `keras.utils.set_random_seed`, which calls it) makes a run's order reproducible.
+    x, y = make_data(64)
+    saved = np.random.get_state()
+    try:
+        losses = []
+        for seed in (0, 0, 1):
+            np.random.seed(seed)
+            model = build(all_devices, optimizer=optax.sgd(0.1))
+            history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # shuffle=True
+            losses.append(history.history["loss"])
+    finally:
+        np.random.set_state(saved)
+    assert losses[0] == losses[1]
+    assert losses[2] != losses[0]  # another seed, another order: the shuffle is used

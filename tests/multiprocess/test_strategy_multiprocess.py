@@ -274,6 +274,34 @@ def test_fit_on_two_processes_equals_one_process(tmp_path, device_data):
     run_multiprocess(_fit_body, kwargs={"reference": str(path), "device_data": device_data})
 
 
+def _shuffled_arrays_fit(strategy: phalanx.Strategy) -> list[float]:
+    """fit on arrays with the default shuffle (no seed) from NumPy's global seed 0 in
+    process 0 (and another seed in every other process)."""
+    np.random.seed(jax.process_index())
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(64, 6)).astype(np.float32)
+    y = np.abs(x[:, :3]).argmax(1).astype(np.int32)
+    with strategy.scope():
+        model = phalanx.Model(_MLP(nnx.Rngs(0)))
+        model.compile(optimizer=optax.sgd(0.3), loss=_LOSS)
+    return model.fit(x, y, batch_size=16, epochs=3, verbose=0).history["loss"]
+
+
+def _shuffled_arrays_body(reference: list[float]) -> None:
+    np.testing.assert_allclose(_shuffled_arrays_fit(phalanx.Strategy()), reference, rtol=1e-5)
+
+
+def test_without_a_seed_every_process_shuffles_as_process_0():
+    # Each process draws its own seed; all must use process 0's, or each would read its share
+    # of a differently shuffled batch: examples seen twice or never, silently.
+    saved = np.random.get_state()
+    try:
+        reference = _shuffled_arrays_fit(phalanx.Strategy(devices=jax.devices()[:4]))
+    finally:
+        np.random.set_state(saved)
+    run_multiprocess(_shuffled_arrays_body, kwargs={"reference": reference})
+
+
 def _default_device_data_body() -> None:
     rng = np.random.default_rng(1)
     x = rng.normal(size=(20, 6)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The packed form of the training state: small leaves by width, both ways, inside jit too."""
+"""The packed form of the training state: scalars by width, both ways, inside jit too."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import optax
 from flax import nnx
 
 import phalanx
-from phalanx._src.train.engine.packing import SMALL, Packing
+from phalanx._src.train.engine.packing import Packing
 
 
 def _state():
@@ -30,8 +30,8 @@ def _state():
             "half": jax.device_put(np.float16(0.25), repl),
         },
         "params": {
-            "big": jax.device_put(np.arange(SMALL + 1, dtype=np.float32), repl),  # stays
-            "small": jax.device_put(np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5, repl),
+            "bias": jax.device_put(np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5, repl),
+            "one": jax.device_put(np.float32([4.5]), repl),  # an array of one element: stays
         },
     }
 
@@ -46,34 +46,26 @@ def _assert_same(back, leaves):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_small_leaves_pack_by_width_and_come_back_unchanged():
+def test_scalars_pack_by_width_and_come_back_unchanged():
     leaves, treedef = jax.tree.flatten(_state())
     packing = Packing.of(treedef, leaves, metric_leaves=2)
     packed = packing.pack(leaves)
-    # metrics: float32 and int32 in one uint32 vector; the rest: key, sharded, weak and the big
-    # array as they are, then one vector per width in leaf order: 32 (count, lr, the small
-    # (3, 2) array), bool (finite), 16 (half, scale), 8 (small).
+    # metrics: float32 and int32 in one uint32 vector; the rest: key, sharded, weak and both
+    # parameter arrays as they are, then one vector per width in leaf order: 32 (count, lr),
+    # bool (finite), 16 (half, scale), 8 (small).
     assert packing.metric_count == 1
     assert [(str(v.dtype), v.shape) for v in (packed[0], *packed[-4:])] == [
         ("uint32", (2,)),
-        ("uint32", (8,)),
+        ("uint32", (2,)),
         ("bool", (1,)),
         ("uint16", (2,)),
         ("uint8", (1,)),
     ]
-    assert len(packed) == 1 + 4 + 4
+    assert len(packed) == 1 + 5 + 4
     for back in (packing.leaves(packed), jax.jit(packing.unpack)(packed)):
         _assert_same(back, leaves)
-    assert packing.leaves(packed)[-2] is packed[-5]  # arrays (the big one) pass as they are
-
-
-def test_without_arrays_only_scalars_are_packed():
-    leaves, treedef = jax.tree.flatten(_state())
-    packing = Packing.of(treedef, leaves, metric_leaves=2, arrays=False)
-    packed = packing.pack(leaves)
-    assert len(packed) == 1 + 5 + 4  # the small (3, 2) array stays an argument of its own
-    assert packing.leaves(packed)[-1] is packed[-5]
-    _assert_same(jax.jit(packing.unpack)(packed), leaves)
+    bias, one = leaves[-2:]
+    assert packing.leaves(packed)[-2] is bias and packing.leaves(packed)[-1] is one  # as is
 
 
 def test_zeroing_a_packed_vector_zeroes_each_of_its_scalars():

@@ -20,6 +20,7 @@ import numpy as np
 
 from phalanx._src.data import files, plan
 from phalanx._src.data.executors import AUTOTUNE
+from phalanx._src.data.seeds import default_seed
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # as Keras's
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -179,7 +180,7 @@ def image_dataset_from_directory(
     if validation_split is not None and not 0 < validation_split < 1:
         raise ValueError(f"validation_split must be in (0, 1), got {validation_split!r}")
     if shuffle and seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0])
+        seed = default_seed()
     height, width = (int(d) for d in image_size)
     paths, found_labels, names = files.labelled_files(directory, IMAGE_EXTENSIONS, class_names)
     if labels is None:

@@ -129,7 +129,7 @@ class Engine:
 
         The compiled calls take and return the state's leaves (`leaves`): a flat list
         crosses jit's C++ dispatch without a Python callback per variable, which the NNX
-        `State` tree needs (~14 per step for a small MLP, issue 9), and its small leaves
+        `State` tree needs (~14 per step for a small MLP, issue 9), and its scalars
         travel packed into one vector per bit width (`packing`). The tree is rebuilt from
         the leaves only when something reads it.
         """
@@ -153,9 +153,7 @@ class Engine:
         if self._leaves is None:
             leaves, treedef = jax.tree.flatten(self._tree)
             metrics = treedef.children()[0].num_leaves  # "metrics" sorts first
-            # Small arrays join the packed vectors unless the strategy lays the state out.
-            replicated = self.strategy.state_sharding == "replicated"
-            packing = Packing.of(treedef, leaves, metrics, arrays=replicated)
+            packing = Packing.of(treedef, leaves, metrics)
             if packing != self._packing:  # else keep the one the compiled calls know
                 self._packing = packing
             self._leaves = self._packing.pack_placed(leaves)

@@ -1,18 +1,23 @@
-"""The training state's leaves as the compiled calls take them: small leaves packed by width.
+"""The training state's leaves as the compiled calls take them: scalars packed by width.
 
-A state has many small leaves: metric sums and counts, the optimizer's step count and
-injected hyperparameters, the accumulator's counters, the loss scale, and every bias,
-normalisation scale and batch statistic with its optimizer moments. Each argument costs
-jit's dispatch a buffer on every device at every call, and each result another: 10 scalars
-add ~33 us per call on one XLA:CPU device and ~130 us on 8 (issue 9), a few percent of a
-small step. So between the compiled calls the state lives as its large arrays plus one
-flat vector per bit width holding every small replicated leaf (`SMALL` elements at most),
-in two segments: the metric sums first (no call donates them, so `reset_metrics` puts in
-one set of zeros every time), then the rest. The calls unpack the vectors inside jit, where
-a slice costs nothing, and pack their results again (one small concatenation). Leaves of
-one width share a vector of unsigned integers, bit for bit (an int32 step count beside a
-float32 bias: one uint32 vector; zero bits are zero in every dtype, so zeroing a vector
-zeroes its leaves).
+A state has many scalars beside its arrays: metric sums and counts, the optimizer's step
+count and injected hyperparameters, the accumulator's counters, the loss scale. Each
+argument costs jit's dispatch a buffer on every device at every call, and each result
+another: 10 scalars add ~33 us per call on one XLA:CPU device and ~130 us on 8 (issue 9), a
+few percent of a small step. So between the compiled calls the state lives as its arrays
+plus one flat vector per bit width holding every replicated scalar, in two segments: the
+metric sums first (no call donates them, so `reset_metrics` puts in one set of zeros every
+time), then the rest. The calls unpack the vectors inside jit, where a slice costs nothing,
+and pack their results again (one small concatenation). Leaves of one width share a vector
+of unsigned integers, bit for bit (an int32 step count beside a float32 loss scale: one
+uint32 vector; zero bits are zero in every dtype, so zeroing a vector zeroes its leaves).
+
+Arrays stay arguments of their own, as a hand-written loop passes them. Packing the small
+ones too (biases, normalization scales and their moments, up to 4,096 elements) saved
+~100-270 us a call on 8 fake CPU devices (benchmarks/bench_dispatch.py) but made XLA:CPU
+compile a kernel for each leaf's bit cast in and out: keras.io's TabTransformer, ~300 small
+leaves, took 15.8 s to its first step against Keras's 11.9 s, and 11.8 s with scalars only
+(issue 23).
 
 Example:
   >>> packing = Packing.of(treedef, leaves, metric_leaves=2)
@@ -31,8 +36,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
-SMALL = 4096  # elements: a leaf this small travels in its width's vector (16 KiB at f32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +70,10 @@ class Packing:
     segments: tuple[_Segment, ...]  # the metric leaves' segment, then the others'
 
     @classmethod
-    def of(cls, treedef: Any, leaves: list, metric_leaves: int, arrays: bool = True) -> Packing:
-        """The packing of `leaves`, whose first `metric_leaves` are the metric sums.
-
-        `arrays=False` packs scalars only, and leaves every array where it lies (a state
-        that `Strategy(state_sharding=...)` shards keeps its layout)."""
+    def of(cls, treedef: Any, leaves: list, metric_leaves: int) -> Packing:
+        """The packing of `leaves`, whose first `metric_leaves` are the metric sums."""
         bounds = ((0, metric_leaves), (metric_leaves, len(leaves)))
-        small = SMALL if arrays else None
-        return cls(treedef, tuple(_segment(leaves, lo, hi, small) for lo, hi in bounds))
+        return cls(treedef, tuple(_segment(leaves, lo, hi) for lo, hi in bounds))
 
     @functools.cached_property
     def metric_count(self) -> int:
@@ -90,8 +89,8 @@ class Packing:
         return out
 
     def pack_placed(self, leaves: list) -> list:
-        """`pack` outside jit, for leaves on the devices: the small leaves are joined on the
-        host (a few KiB) and the vectors placed as the leaves were, with nothing compiled
+        """`pack` outside jit, for leaves on the devices: the scalars are joined on the
+        host (a few bytes) and the vectors placed as the leaves were, with nothing compiled
         (op by op, the joins compiled ~14 programs before fit's first step: ~0.2-0.4 s)."""
         out = []
         for seg in self.segments:
@@ -225,11 +224,11 @@ def _entries(vector_slots: tuple[tuple[_Slot, ...], ...], vectors: list) -> list
     return out
 
 
-def _segment(leaves: list, lo: int, hi: int, small: int | None) -> _Segment:
+def _segment(leaves: list, lo: int, hi: int) -> _Segment:
     arrays, groups = [], {}
     for i in range(lo, hi):
         leaf = leaves[i]
-        if _packable(leaf, small):
+        if _packable(leaf):
             groups.setdefault(_carrier(leaf.dtype), []).append(i)
         else:
             arrays.append(i)
@@ -244,15 +243,14 @@ def _segment(leaves: list, lo: int, hi: int, small: int | None) -> _Segment:
     return _Segment(tuple(arrays), tuple(vectors))
 
 
-def _packable(leaf: Any, small: int | None) -> bool:
-    """A replicated leaf of at most `small` elements (None: a scalar) and of a real NumPy
-    dtype (not a PRNG key, not complex), not weakly typed (a vector's entries would lose
-    that type)."""
+def _packable(leaf: Any) -> bool:
+    """A replicated scalar of a real NumPy dtype (not a PRNG key, not complex), not weakly
+    typed (a vector's entries would lose that type)."""
     sharding = getattr(leaf, "sharding", None)
     dtype = getattr(leaf, "dtype", None)
     return (
         isinstance(dtype, np.dtype)
-        and (np.ndim(leaf) == 0 if small is None else np.size(leaf) <= small)
+        and np.ndim(leaf) == 0
         and (
             dtype == np.bool_
             or jnp.issubdtype(dtype, jnp.integer)

@@ -19,6 +19,7 @@ import numpy as np
 
 from phalanx._src.data.adapters import as_batches
 from phalanx._src.data.dataset import Dataset
+from phalanx._src.data.seeds import default_seed
 from phalanx._src.strategy.strategy import Strategy
 from phalanx._src.train.feeding import device_data
 
@@ -38,7 +39,7 @@ def host_data(
         )
     data = x if y is None else tuple(v for v in (x, y, sample_weight) if v is not None)
     if shuffle and seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0])
+        seed = default_seed()
     batches = as_batches(data, batch_size, shuffle=shuffle, seed=seed)
     if jax.process_count() > 1 and isinstance(batches, Dataset) and batches.split is None:
         batches = batches.process_split()  # each process reads only its share of a batch

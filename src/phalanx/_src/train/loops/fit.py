@@ -76,7 +76,9 @@ def fit(
       steps_per_epoch: batches per epoch; required for an infinite dataset. With a finite
         one, the data iterator then carries over from epoch to epoch and restarts when it
         runs out.
-      seed: the shuffle seed for arrays (default: a fresh random seed).
+      seed: the shuffle seed for arrays (default: drawn from NumPy's global generator, so
+        `keras.utils.set_random_seed` or `np.random.seed` makes the order reproducible;
+        with several processes, process 0's draw).
       prefetch: batches made ahead in a thread and put on the devices ahead of use; 0 makes
         each batch in the loop's own thread when it is needed; `phalanx.data.AUTOTUNE`
         measures over the first batches which of the two feeds the loop faster (a
