@@ -206,8 +206,38 @@ paired for the synchronous readers). Reading the loss after the next dispatch is
 pays on small steps (sol-lag / sol 1.48 on one device), and fit does it for async-safe
 callbacks.
 
-The GPU tables below come from the previous session (the code before blocks and packed
-scalars, and the indexed loop as sol); this session had no GPU.
+Issue 23 on one NVIDIA H200 (16 host cores; jax 0.11.2, flax 0.12.10, keras 3.15.1),
+2026-11-26 03:35 UTC, `python benchmarks/bench_fit.py --devices 1 --variants sol,fit,keras
+--rounds 3 --steps 200`, whole-call figures, "paired" as above:
+
+| K | variant | steady ex/s | paired | all-after-first ex/s | whole call s | paired | first execution s | paired | peak device MiB |
+|---|---|---|---|---|---|---|---|---|---|
+| 1 | sol | 2,023,197 | 1.00 | 2,018,895 | 0.55 | 1.00 | 0.44 | 1.00 | 158 |
+| 1 | fit | 1,907,754 | 1.06 | 1,814,833 | 0.78 | 1.08 | 0.65 | 1.10 | 157 |
+| 1 | keras | 978,850 | 0.48 | 978,021 | 0.81 | 1.12 | 0.56 | 0.93 | 10 |
+| 50 | sol | 19,657,984 | 1.00 | 19,657,984 | 0.59 | 1.00 | 0.49 | 1.00 | 161 |
+| 50 | fit | 17,998,532 | 0.90 | 17,998,532 | 0.67 | 1.07 | 0.56 | 1.06 | 160 |
+| 50 | keras | 1,468,742 | 0.07 | 1,468,742 | 1.95 | 2.78 | 0.58 | 0.98 | 10 |
+
+Keras feeds its batches from the host, so its devices hold one batch (10 MiB) where the
+loops hold the 153 MiB dataset. Longer windows (`--variants sol,fit --no-keras --rounds 5
+--steps 1000`, 03:38 UTC):
+
+| K | variant | steady ex/s | paired | whole call s | paired | first execution s | paired |
+|---|---|---|---|---|---|---|---|
+| 1 | sol | 2,329,778 | 1.00 | 0.91 | 1.00 | 0.46 | 1.00 |
+| 1 | fit | 1,966,562 | 0.82 | 1.13 | 1.16 | 0.53 | 1.12 |
+| 50 | sol | 19,560,910 | 1.00 | 1.05 | 1.00 | 0.48 | 1.00 |
+| 50 | fit | 18,203,323 | 0.94 | 1.15 | 1.09 | 0.59 | 1.15 |
+
+A step of this MLP is 0.44 ms there, all of it launch and host work, so fit's own work per
+execution (its Python between a loss read and the next dispatch, the metric sums' kernels)
+shows as 0.82-1.06 at K=1: ~80 us an execution. `--memory --steps 50` (fresh processes):
+peak host 4,590 / 4,594 MiB (sol / fit, K=1; the CUDA runtime is most of it) and 4,835 /
+4,859 (K=50), peak device 284 / 284 and 268 / 268 MiB.
+
+The H100 tables below come from an earlier session (the code before blocks and packed
+scalars, and the indexed loop as sol).
 
 One H100 80GB HBM3 (16 host cores; jax 0.11.2, keras 3.15.1), 2026-11-23 02:03 UTC,
 `python benchmarks/bench_fit.py --devices 1 --rounds 5`:
