@@ -210,7 +210,7 @@ Issue 23 on one NVIDIA H200 (16 host cores; jax 0.11.2, flax 0.12.10, keras 3.15
 2026-11-26 03:35 UTC, `python benchmarks/bench_fit.py --devices 1 --variants sol,fit,keras
 --rounds 3 --steps 200`, whole-call figures, "paired" as above:
 
-| K | variant | steady ex/s | paired | all-after-first ex/s | whole call s | paired | first execution s | paired | peak device MiB |
+| K | variant | steady | paired | after 1st | whole s | paired | 1st s | paired | dev. MiB |
 |---|---|---|---|---|---|---|---|---|---|
 | 1 | sol | 2,023,197 | 1.00 | 2,018,895 | 0.55 | 1.00 | 0.44 | 1.00 | 158 |
 | 1 | fit | 1,907,754 | 1.06 | 1,814,833 | 0.78 | 1.08 | 0.65 | 1.10 | 157 |
@@ -219,7 +219,8 @@ Issue 23 on one NVIDIA H200 (16 host cores; jax 0.11.2, flax 0.12.10, keras 3.15
 | 50 | fit | 17,998,532 | 0.90 | 17,998,532 | 0.67 | 1.07 | 0.56 | 1.06 | 160 |
 | 50 | keras | 1,468,742 | 0.07 | 1,468,742 | 1.95 | 2.78 | 0.58 | 0.98 | 10 |
 
-Keras feeds its batches from the host, so its devices hold one batch (10 MiB) where the
+("steady" and "after 1st": ex/s; "1st s": the first execution; "pair": paired.) Keras
+feeds its batches from the host, so its devices hold one batch (10 MiB) where the
 loops hold the 153 MiB dataset. Longer windows (`--variants sol,fit --no-keras --rounds 5
 --steps 1000`, 03:38 UTC):
 
@@ -230,11 +231,36 @@ loops hold the 153 MiB dataset. Longer windows (`--variants sol,fit --no-keras -
 | 50 | sol | 19,560,910 | 1.00 | 1.05 | 1.00 | 0.48 | 1.00 |
 | 50 | fit | 18,203,323 | 0.94 | 1.15 | 1.09 | 0.59 | 1.15 |
 
+The issue's command, `python benchmarks/bench_fit.py --devices 1 --rounds 5` (every
+variant, 03:55 UTC):
+
+| K | variant | steady | pair | after 1st | pair | whole s | pair | 1st s | pair | dev. MiB |
+|---|---|---|---|---|---|---|---|---|---|---|
+| 1 | sol | 2,663,092 | 1.00 | 2,570,515 | 1.00 | 0.59 | 1.00 | 0.45 | 1.00 | 158 |
+| 1 | sol-index | 2,958,954 | 1.20 | 2,583,264 | 1.26 | 0.50 | 0.81 | 0.42 | 0.83 | 161 |
+| 1 | sol-lag | 3,033,170 | 1.14 | 2,965,878 | 1.15 | 0.52 | 0.85 | 0.41 | 0.87 | 158 |
+| 1 | fit | 1,726,490 | 0.82 | 1,724,501 | 0.89 | 0.59 | 0.96 | 0.46 | 0.98 | 157 |
+| 1 | fit+bar | 2,017,243 | 0.97 | 2,063,023 | 1.10 | 0.58 | 1.06 | 0.44 | 1.01 | 157 |
+| 1 | fit async | 2,620,521 | 0.94 | 2,261,804 | 0.95 | 0.54 | 0.96 | 0.45 | 0.93 | 157 |
+| 1 | fit async+bar | 2,558,907 | 1.08 | 2,510,804 | 1.13 | 0.56 | 0.92 | 0.44 | 0.88 | 157 |
+| 1 | keras | 1,068,612 | 0.46 | 1,013,410 | 0.49 | 0.70 | 1.09 | 0.44 | 0.91 | 10 |
+| 50 | sol | 19,784,068 | 1.00 | 19,784,068 | 1.00 | 0.53 | 1.00 | 0.40 | 1.00 | 161 |
+| 50 | sol-index | 21,160,816 | 1.01 | 21,160,816 | 1.01 | 0.59 | 1.08 | 0.47 | 1.08 | 161 |
+| 50 | sol-lag | 27,039,307 | 1.42 | 27,039,307 | 1.42 | 0.52 | 0.91 | 0.45 | 0.95 | 161 |
+| 50 | fit | 18,140,854 | 0.88 | 18,140,854 | 0.88 | 0.57 | 1.00 | 0.45 | 0.96 | 161 |
+| 50 | fit+bar | 17,783,859 | 0.84 | 17,783,859 | 0.84 | 0.60 | 1.13 | 0.45 | 1.11 | 160 |
+| 50 | fit async | 18,335,439 | 0.92 | 18,335,439 | 0.92 | 0.61 | 1.06 | 0.50 | 1.05 | 160 |
+| 50 | fit async+bar | 18,067,298 | 0.94 | 18,067,298 | 0.94 | 0.55 | 0.97 | 0.43 | 0.90 | 160 |
+| 50 | keras | 2,147,225 | 0.11 | 2,147,225 | 0.11 | 1.41 | 2.47 | 0.43 | 0.92 | 10 |
+
 A step of this MLP is 0.44 ms there, all of it launch and host work, so fit's own work per
 execution (its Python between a loss read and the next dispatch, the metric sums' kernels)
-shows as 0.82-1.06 at K=1: ~80 us an execution. `--memory --steps 50` (fresh processes):
-peak host 4,590 / 4,594 MiB (sol / fit, K=1; the CUDA runtime is most of it) and 4,835 /
-4,859 (K=50), peak device 284 / 284 and 268 / 268 MiB.
+shows as 0.82-1.06 at K=1: ~80 us an execution. Reading each loss once the next step is
+dispatched pays more there than any of it (sol-lag / sol 1.14 at K=1, 1.42 at K=50): fit
+does that for async-safe readers ("fit async", 0.94 and 1.08 paired at K=1).
+fit+bar above fit, and sol-index above sol, say how noisy one such host is. `--memory
+--steps 50` (fresh processes): peak host 4,590 / 4,594 MiB (sol / fit, K=1; the CUDA
+runtime is most of it) and 4,835 / 4,859 (K=50), peak device 284 / 284 and 268 / 268 MiB.
 
 The H100 tables below come from an earlier session (the code before blocks and packed
 scalars, and the indexed loop as sol).
