@@ -103,6 +103,7 @@ def run_tests(pytest_args: list[str]) -> int:
         return 1
     env = dict(os.environ)
     env.pop("PHALANX_TEST_DEVICES", None)
+    env["PHALANX_SITE_DIR"] = str(ROOT / "build" / "site")  # the docs test serves this build
     if browser := ensure_browser():
         env["PHALANX_BROWSER"] = browser  # so the docs test fails, not skips, without it
     rc = _call(PY, "-m", "pytest", "-q", "--durations=30", *pytest_args, env=env)

@@ -30,7 +30,11 @@ BROWSER_TIMEOUT_MS = 15_000
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The documentation site, built with --strict from this checkout."""
+    """The documentation site, built with --strict from this checkout (or the one `dev.py
+    test` has just built that way, named by PHALANX_SITE_DIR: one build, not two)."""
+    built = os.environ.get("PHALANX_SITE_DIR")
+    if built and (Path(built) / "index.html").is_file():
+        return Path(built)
     site_dir = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site_dir)]
