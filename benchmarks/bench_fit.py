@@ -253,12 +253,14 @@ variant, 03:55 UTC):
 | 50 | fit async+bar | 18,067,298 | 0.94 | 18,067,298 | 0.94 | 0.55 | 0.97 | 0.43 | 0.90 | 160 |
 | 50 | keras | 2,147,225 | 0.11 | 2,147,225 | 0.11 | 1.41 | 2.47 | 0.43 | 0.92 | 10 |
 
-A step of this MLP is 0.44 ms there, all of it launch and host work, so fit's own work per
-execution (its Python between a loss read and the next dispatch, the metric sums' kernels)
-shows as 0.82-1.06 at K=1: ~80 us an execution. Reading each loss once the next step is
-dispatched pays more there than any of it (sol-lag / sol 1.14 at K=1, 1.42 at K=50): fit
-does that for async-safe readers ("fit async", 0.94 and 1.08 paired at K=1).
-fit+bar above fit, and sol-index above sol, say how noisy one such host is. `--memory
+A step of this MLP is 0.4-0.6 ms there, all of it launch and host work. fit's compiled
+train call is not what costs: its HLO has 16 fusions and 2 copies against the loop's 14 and
+1, and the two calls alone (fit's taken from a finished fit), in tight loops reading every
+loss, took 393-593 against 383-683 us a step over 5 rounds of 1,000 steps (04:50 UTC).
+Profiled, fit's own Python around each call is ~10-30 us. Reading each loss once the next
+step is dispatched pays more than any of it (sol-lag / sol 1.14 at K=1, 1.42 at K=50): fit
+does that for async-safe readers ("fit async", 0.94 and 1.08 paired at K=1). fit+bar above
+fit, and sol-index above sol, say how noisy one such host is. `--memory
 --steps 50` (fresh processes): peak host 4,590 / 4,594 MiB (sol / fit, K=1; the CUDA
 runtime is most of it) and 4,835 / 4,859 (K=50), peak device 284 / 284 and 268 / 268 MiB.
 
