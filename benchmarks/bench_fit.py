@@ -255,7 +255,7 @@ variant, 03:55 UTC):
 
 A step of this MLP is 0.4-0.6 ms there, all of it launch and host work. fit's compiled
 train call is not what costs: its HLO has 16 fusions and 2 copies against the loop's 14 and
-1, and the two calls alone (fit's taken from a finished fit), in tight loops reading every
+1, and the two calls alone (`benchmarks/bench_fit_call.py`), in tight loops reading every
 loss, took 393-593 against 383-683 us a step over 5 rounds of 1,000 steps (04:50 UTC).
 Profiled, fit's own Python around each call is ~10-30 us. Reading each loss once the next
 step is dispatched pays more than any of it (sol-lag / sol 1.14 at K=1, 1.42 at K=50): fit
@@ -352,6 +352,21 @@ def _data():
     rng = np.random.default_rng(0)
     x = rng.random((ROWS, 784), dtype=np.float32)
     return x, rng.integers(0, 10, ROWS, dtype=np.int32)
+
+
+def _adam_step(graphdef, tx, params, opt_state, xb, yb):
+    """One step of the MLP (softmax cross-entropy) inside jit: `(params, opt_state, loss)`."""
+    import jax
+    import optax
+    from flax import nnx
+
+    def loss_fn(p):
+        logits = nnx.merge(graphdef, p)(xb)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
 
 
 def _mlp(seed: int = 0):
@@ -515,15 +530,8 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True, lag: bool = Fal
             batch = jax.tree.map(
                 lambda a: jax.lax.dynamic_index_in_dim(a, i % STEPS, keepdims=False), batch
             )
-        xb, yb = batch
-
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(xb)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state, i + 1), loss
+        params, opt_state, loss = _adam_step(graphdef, tx, params, opt_state, *batch)
+        return (params, opt_state, i + 1), loss
 
     def run(leaves, batch):
         state = jax.tree.unflatten(treedef, leaves)
@@ -799,15 +807,8 @@ def layouts_child(args: argparse.Namespace) -> None:
     leaves = [np.asarray(leaf) for leaf in leaves]
 
     def train(state, xb, yb):
-        params, opt = jax.tree.unflatten(treedef, state)
-
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(xb)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt = tx.update(grads, opt, params)
-        return jax.tree.leaves((optax.apply_updates(params, updates), opt)), loss
+        params, opt, loss = _adam_step(graphdef, tx, *jax.tree.unflatten(treedef, state), xb, yb)
+        return jax.tree.leaves((params, opt)), loss
 
     def gathered(state, source, index):
         xb, yb = (jax.lax.with_sharding_constraint(a[index], rows) for a in source)
