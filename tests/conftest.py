@@ -45,6 +45,8 @@ os.environ["XLA_FLAGS"] = " ".join(
     ]
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# TensorFlow (a test-only extra, compared side by side) logs its CPU features at import.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The tests compile into a cache of their own in the temp folder, kept from run to run, and
 # never into the user's (~/.cache/phalanx/jax); the processes they start share it.
 COMPILATION_CACHE = Path(tempfile.gettempdir()) / f"phalanx-tests-{os.getuid()}" / "jax"
@@ -145,12 +147,26 @@ def _no_leaked_threads():
     pytest.fail(f"test leaked threads: {[t.name for t in leaked]}")
 
 
+# What `import tensorflow` (the test-only extra) writes into os.environ the first time a test
+# imports it: set once by TensorFlow, not leaked by the test.
+TF_IMPORT_ENV = frozenset(
+    {
+        "ENABLE_RUNTIME_UPTIME_TELEMETRY",
+        "HDF5_PLUGIN_PATH",
+        "TF2_BEHAVIOR",
+        "TPU_ML_PLATFORM",
+        "TPU_ML_PLATFORM_VERSION",
+    }
+)
+IGNORED_ENV = TF_IMPORT_ENV | {"PYTEST_CURRENT_TEST"}
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_env():
     """Fail a test that changes os.environ without restoring it."""
 
     def snapshot():
-        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        return {k: v for k, v in os.environ.items() if k not in IGNORED_ENV}
 
     before = snapshot()
     yield
