@@ -54,6 +54,43 @@ high-water mark (`ru_maxrss`) and the devices' `peak_bytes_in_use`:
 Each device count runs in its own process. The tables below before "Issue 23" come from
 the earlier format (steady rates of a second, warm call; "1st" from building the model).
 
+After the timings, a second table gives fit's ledger of transfers (issue 35; `History`'s
+`host_to_device_mib` and `device_to_host_mib`, the first round's call) against what the
+loops place and read: MiB host -> device in the first epoch, the most in any later epoch,
+and the most MiB device -> host in an epoch. On XLA:CPU a device array may share host
+memory, so timings cannot show a copy per epoch; the ledger shows it on any machine.
+
+Issue 35, 2026-11-26 (2 CPU cores shared with four other sessions' tests; no GPU in the
+session), sol against fit, interleaved rounds, this code. `--no-keras --variants sol,fit
+--devices 1 --steps-per-execution 1 --steps-per-execution 50 --rounds 3 --steps 200`
+(19:24-19:26 UTC, load 1.4-2.6), paired ratios fit / sol:
+
+| dev | K | steady | all-after-first | whole call | sol steady ex/s | fit steady ex/s |
+|---|---|---|---|---|---|---|
+| 1 | 1 | 1.00 | 0.98 | 0.89 | 370,546 | 328,298 |
+| 1 | 50 | 0.67 | 0.67 | 1.53 | 361,203 | 313,451 |
+
+The same with `--rounds 2 --steps 1000` (19:10-19:16, load 4-6): K=1 1.27 / 1.28 / 0.77,
+K=50 1.20 / 1.20 / 0.92; `--devices 8 --steps-per-execution 1 --rounds 3 --steps 200`
+(19:19): 1.06 / 1.05 / 0.92. Rounds of one variant differed by up to 1.6x, so none of
+these ratios tells fit from sol; the K=50 0.67 above did not reproduce in a paired run of
+the landed code against this one (2,000 steps, K=50, two alternations of two calls:
+271k, 237k, 233k, 223k ex/s landed; 232k, 210k, 226k, 281k this code). What does not
+depend on the load, the ledger (every run above; MiB: host -> device in the first epoch,
+the most in a later one; device -> host, the most in an epoch):
+
+| dev | K | variant | h2d first epoch | h2d later, max | d2h per epoch, max |
+|---|---|---|---|---|---|
+| 1, 8 | 1 | sol | 153.32 | 0 | 0.0002 |
+| 1, 8 | 1 | fit | 153.32 | 0 | 0.0002 |
+| 1, 8 | 50 | sol | 153.32 | 0 | 0.0000 |
+| 1, 8 | 50 | fit | 153.33 | 0 | 0.0000 |
+
+fit places the dataset once, as the loop does, and nothing after the first epoch (before
+this change: the same here, but 60,000 rows in epochs of 50 steps placed the data again,
+replicated, in the second epoch: `tests/train/test_transfers.py` covers that case). Peak
+host memory is the loop's (K=50: 155 against 159 MiB).
+
 Issue 23, 2026-11-25 17:05-17:17 UTC, machine load 10-12 on 2 cores (the lead and four
 helpers running tests): timings are 3-10x below a quiet machine's and within noise of
 each other; the memory figures do not depend on the load. `python benchmarks/bench_fit.py
@@ -565,7 +602,12 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True, lag: bool = Fal
         ends.append(time.perf_counter())
     done = time.perf_counter()
     memory.__exit__()
-    return _timings(start, ends, done, k, memory.result)
+    from phalanx._src.train.engine.transfers import MIB, placed_bytes
+
+    placed = sum(placed_bytes(a) for a in jax.tree.leaves(batches)) / MIB
+    reads = len(ends) * 4 / MIB / max(1, steps // STEPS)  # a float32 loss per execution
+    ledger = {"h2d_first": placed, "h2d_after": 0.0, "d2h_epoch": reads}
+    return {**_timings(start, ends, done, k, memory.result), **ledger}
 
 
 def with_fit(x, y, k: int, steps: int, verbose: int, async_safe: bool = False) -> dict:
@@ -599,12 +641,20 @@ def with_fit(x, y, k: int, steps: int, verbose: int, async_safe: bool = False) -
     quiet = contextlib.redirect_stdout(out) if out else contextlib.nullcontext()
     with quiet, PeakMemory() as memory:
         start = time.perf_counter()
-        model.fit(ds, epochs=steps // STEPS, steps_per_epoch=STEPS, verbose=verbose,
-                  callbacks=[read])  # fmt: skip
+        history = model.fit(ds, epochs=steps // STEPS, steps_per_epoch=STEPS, verbose=verbose,
+                            callbacks=[read])  # fmt: skip
         done = time.perf_counter()
     if out:
         out.close()
-    return _timings(start, read.ends, done, k, memory.result)
+    return {**_timings(start, read.ends, done, k, memory.result), **_ledger(history.history)}
+
+
+def _ledger(history: dict) -> dict:
+    """fit's ledger of transfers (issue 35), from its History: MiB host -> device in the
+    first epoch and the most in any later one; MiB device -> host, the most in an epoch."""
+    placed = history["host_to_device_mib"]
+    return {"h2d_first": placed[0], "h2d_after": max(placed[1:], default=0.0),
+            "d2h_epoch": max(history["device_to_host_mib"])}  # fmt: skip
 
 
 def with_keras(x, y, k: int, steps: int) -> dict:
@@ -734,6 +784,7 @@ def fit_table(args: argparse.Namespace) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     env = {**os.environ, "PHALANX_COMPILATION_CACHE": "0"}
+    ledgers: list[tuple[int, dict]] = []
     for devices in args.devices or [1, 8]:
         flags = ["--devices", str(devices), "--rounds", str(args.rounds)]
         flags += ["--steps", str(args.steps), "--batch", str(args.batch)]
@@ -761,6 +812,19 @@ def fit_table(args: argparse.Namespace) -> None:
                     f"{best('host_mib', False):,.0f} | {paired('host_mib')} | {device_text} |",
                     flush=True,
                 )
+        ledgers.extend((devices, r) for r in rows if r["round"] == 0 and "h2d_first" in r)
+    _ledger_table(ledgers)
+
+
+def _ledger_table(ledgers: list[tuple[int, dict]]) -> None:
+    """What crossed between host and devices (issue 35; phalanx's ledger, `History`): a
+    regression shows here on any machine, where a CPU's timings cannot show it."""
+    print("\n| devices | K | variant | host->device MiB, first epoch | most in a later epoch | "
+          "device->host MiB, most in an epoch |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for devices, r in ledgers:
+        print(f"| {devices} | {r['k']} | {r['variant']} | {r['h2d_first']:,.2f} | "
+              f"{r['h2d_after']:,.3f} | {r['d2h_epoch']:.4f} |")  # fmt: skip
 
 
 def memory_table(args: argparse.Namespace) -> None:

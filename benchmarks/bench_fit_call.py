@@ -1,6 +1,7 @@
 """fit's compiled train call against the hand-written loop's step, each alone in a tight loop.
 
     python benchmarks/bench_fit_call.py     # one device; on a GPU, where steps are short
+    python benchmarks/bench_fit_call.py --steps-per-execution 50 --rounds 5 --no-profile
 
 Tells fit's own per-step cost apart from its compiled call's: it runs a short `fit` of
 `bench_fit`'s MLP (K=1), takes the train call and the arguments of its first execution
@@ -14,14 +15,33 @@ fit's call against 14 and 1 in the loop's; per step over 5 rounds of 1,000, 393-
 against 383-683 us; under cProfile, fit's Python around each call (dispatch, log fetch,
 hooks) ~10-30 us a step. On 2 CPU cores (XLA:CPU, one device, jax 0.10.2), 05:55 UTC: 37
 fusions in each, and 4,948-5,875 against 5,292-5,811 us a step.
+
+At K > 1 (issue 35) fit's call runs K steps in one `lax.scan` over a `(K, batch, ...)`
+block of device-resident data; the loop's is a hand-written `lax.scan` of the same K steps
+over the same block. Both are timed call by call, interleaved round by round (the machine
+is shared), and compared at the median step (a call's time / K); the fusion and copy
+counts cover every computation of each program (the scan's body included), not only the
+entry's.
+
+Issue 35, 2026-11-26 19:22-19:24 UTC, 2 CPU cores (XLA:CPU, one device, jax 0.10.2,
+load 0.4-2.8), `python benchmarks/bench_fit_call.py --steps-per-execution 50 --rounds 5
+--no-profile`: fit's K=50 call 4,418 us a step at the median over 5 rounds of 1,000
+steps, the hand-written scan 4,343 us (1.017x; rounds 4,243-4,692 against 3,083-4,770
+us). Fusions and copies over every computation: fit 53 and 5, the loop 42 and 4, with 4
+dynamic slices each (the scan's own take of each step's batch from its block: no slice
+of the whole data) and one gather each (the labels' loss); at the entry, fit has 14
+fusions and 2 copies (the state's scalars packed into vectors, the metric sums) against
+4 and 1.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import cProfile
 import pstats
 import re
+import statistics
 import sys
 import time
 
@@ -36,8 +56,16 @@ def top_level_ops(compiled) -> dict[str, int]:
     )
 
 
-def fit_call(x, y):
-    """`(call, metrics, others, rest)`: fit's train call and its arguments after a short fit."""
+def all_ops(compiled) -> dict[str, int]:
+    """Fusions, copies and dynamic slices over every computation of the program (a scan's
+    body included)."""
+    kinds = collections.Counter(re.findall(r"=\s*\S+\s+(\w[\w-]*)\(", compiled.as_text()))
+    return {kind: kinds[kind] for kind in ("fusion", "copy", "dynamic-slice", "gather")}
+
+
+def fit_call(x, y, k: int = 1):
+    """`(call, metrics, others, rest)`: fit's train call and its arguments after a short fit
+    (`k`: steps per execution)."""
     import phalanx
     from phalanx._src.train.engine import flop_rate
 
@@ -53,7 +81,7 @@ def fit_call(x, y):
         with phalanx.Strategy().scope():
             model = phalanx.Model(bench_fit._mlp())
             loss = phalanx.losses.SparseCategoricalCrossentropy(from_logits=True)
-            model.compile("adam", loss, steps_per_execution=1)
+            model.compile("adam", loss, steps_per_execution=k)
         ds = phalanx.data.Dataset.from_tensor_slices((x, y)).repeat().batch(bench_fit.BATCH)
         model.fit(ds, epochs=2, steps_per_epoch=bench_fit.STEPS, verbose=0)
     finally:
@@ -63,8 +91,9 @@ def fit_call(x, y):
     return seen["call"], list(leaves[:n]), list(leaves[n:]), seen["args"][2:]
 
 
-def loop_step(x, y):
-    """`(step, state, batch)`: the hand-written loop's jitted, donated step on one batch."""
+def loop_step(x, y, k: int = 1):
+    """`(step, state, batch)`: the hand-written loop's jitted, donated step on one batch, or
+    at `k` > 1 its `lax.scan` of k steps over a `(k, batch, ...)` block."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -79,40 +108,75 @@ def loop_step(x, y):
         params, opt, loss = bench_fit._adam_step(graphdef, tx, params, opt, *batch)
         return jax.tree.leaves((params, opt, i + 1)), loss
 
-    batch = (jax.device_put(x[: bench_fit.BATCH]), jax.device_put(y[: bench_fit.BATCH]))
-    return jax.jit(step, donate_argnums=0), jax.device_put(leaves), batch
+    rows = bench_fit.BATCH
+    if k == 1:
+        batch = (jax.device_put(x[:rows]), jax.device_put(y[:rows]))
+        return jax.jit(step, donate_argnums=0), jax.device_put(leaves), batch
+
+    def scan(leaves, block):
+        leaves, losses = jax.lax.scan(step, leaves, block)
+        return leaves, losses[-1]
+
+    block = (
+        jax.device_put(x[: k * rows].reshape(k, rows, -1)),
+        jax.device_put(y[: k * rows].reshape(k, rows)),
+    )
+    return jax.jit(scan, donate_argnums=0), jax.device_put(leaves), block
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000, help="steps timed per round")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled fit")
+    args = parser.parse_args()
+    k = args.steps_per_execution
     x, y = bench_fit._data()
-    call, metrics, others, rest = fit_call(x, y)
-    step, state, batch = loop_step(x, y)
-    print("fit's call:", top_level_ops(call.lower(metrics, others, *rest).compile()))
-    print("the loop's step:", top_level_ops(step.lower(state, batch).compile()))
+    call, metrics, others, rest = fit_call(x, y, k)
+    step, state, batch = loop_step(x, y, k)
+    fit_compiled = call.lower(metrics, others, *rest).compile()
+    loop_compiled = step.lower(state, batch).compile()
+    print("fit's call:", top_level_ops(fit_compiled), "all:", all_ops(fit_compiled))
+    print("the loop's:", top_level_ops(loop_compiled), "all:", all_ops(loop_compiled))
 
-    def time_fit(steps: int) -> float:
+    def time_fit(calls: int) -> list[float]:
         nonlocal metrics, others
-        start = time.perf_counter()
-        for _ in range(steps):
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
             metrics, others, logs, _ = call(metrics, others, *rest)
             float(logs[0])
-        return (time.perf_counter() - start) / steps * 1e6
+            times.append((time.perf_counter() - start) / k * 1e6)
+        return times
 
-    def time_loop(steps: int) -> float:
+    def time_loop(calls: int) -> list[float]:
         nonlocal state
-        start = time.perf_counter()
-        for _ in range(steps):
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
             state, loss = step(state, batch)
             float(loss)
-        return (time.perf_counter() - start) / steps * 1e6
+            times.append((time.perf_counter() - start) / k * 1e6)
+        return times
 
-    time_fit(50), time_loop(50)
-    for r in range(5):
-        print(f"round {r}: fit's call {time_fit(1000):.1f} us a step, the loop's "
-              f"{time_loop(1000):.1f}")  # fmt: skip
+    calls = max(1, args.steps // k)
+    time_fit(max(1, 50 // k)), time_loop(max(1, 50 // k))
+    fits, loops = [], []
+    for r in range(args.rounds):  # interleaved: a slow spell hits both
+        fit_times, loop_times = time_fit(calls), time_loop(calls)
+        fits += fit_times
+        loops += loop_times
+        print(f"round {r}: median step, fit's call {statistics.median(fit_times):.1f} us, "
+              f"the loop's {statistics.median(loop_times):.1f} us (K={k})")  # fmt: skip
+    fit_median, loop_median = statistics.median(fits), statistics.median(loops)
+    print(f"all rounds, median step: fit's call {fit_median:.1f} us, the loop's "
+          f"{loop_median:.1f} us: {fit_median / loop_median:.3f}x")  # fmt: skip
+    if args.no_profile:
+        return 0
     profile = cProfile.Profile()
     profile.enable()
-    result = bench_fit.with_fit(x, y, 1, 2000, verbose=0)
+    result = bench_fit.with_fit(x, y, k, 2000, verbose=0)
     profile.disable()
     print(f"fit, profiled: {result['rate']:,.0f} ex/s")
     pstats.Stats(profile).sort_stats("tottime").print_stats(18)

@@ -19,6 +19,27 @@ MAX_LINES = 450
 # train/'s rooms, highest first: a module may import its own room and the rooms below it.
 TRAIN_ROOMS = ("model", "summary", "loops", "checkpoint", "feeding", "engine", "adapters", "api")
 
+# data/'s layers, highest first. The Dataset builder (`dataset`) imports its mixins, which
+# import the plan's nodes, which import the base checks and options; never the other way
+# (a Dataset is known below the builder by its `_node`, not by its class). Modules not
+# listed (readers, adapters, prefetch, images) sit above `dataset` and may import any layer.
+DATA_LAYERS = (
+    ("dataset",),
+    ("dataset_ops", "dataset_tf", "dataset_map", "iterator"),
+    (
+        "plan",
+        "index_ops",
+        "combine_ops",
+        "element_ops",
+        "stream",
+        "stream_combine",
+        "stream_nested",
+        "executors",
+        "workers",
+    ),
+    ("validation", "options", "autotune", "seeds", "files", "wait"),
+)
+
 
 def _modules() -> dict[str, Path]:
     found = {}
@@ -114,6 +135,51 @@ def test_no_import_circle_runs_through_the_training_code():
     assert through_train == []
 
 
+def _without_faces() -> dict[str, set[str]]:
+    """The import graph with packages' faces (`__init__`) left out as targets."""
+    modules = _modules()
+    return {
+        name: {t for t in targets if modules[t].name != "__init__.py"}
+        for name, targets in import_graph().items()
+    }
+
+
+def test_no_import_circle_runs_through_the_data_room():
+    through_data = [c for c in circles(_without_faces()) if any("._src.data." in m for m in c)]
+    assert through_data == []
+
+
+def _data_layer(module: str) -> int | None:
+    """The index in DATA_LAYERS of a phalanx._src.data module (None: not listed)."""
+    parts = module.split(".")
+    if parts[:3] != ["phalanx", "_src", "data"] or len(parts) != 4:
+        return None
+    return next((i for i, layer in enumerate(DATA_LAYERS) if parts[3] in layer), None)
+
+
+def test_data_layers_import_only_down():
+    upward = []
+    for name, targets in import_graph().items():
+        layer = _data_layer(name)
+        if layer is None or layer == 0:  # not listed, or the builder: any layer below
+            continue
+        for target in targets:
+            if not target.startswith("phalanx._src.data.") or target == "phalanx._src.data":
+                continue
+            other = _data_layer(target)
+            # An unlisted data module (a reader, an adapter) sits above the builder.
+            if other is None or other < layer:
+                upward.append(f"{name} -> {target}")
+    assert upward == []
+
+
+def test_every_data_layer_module_exists():
+    # A renamed module would silently leave the layer check.
+    data = PACKAGE / "_src" / "data"
+    missing = [m for layer in DATA_LAYERS for m in layer if not (data / f"{m}.py").exists()]
+    assert missing == []
+
+
 def _room(module: str) -> str | None:
     parts = module.split(".")
     if parts[:3] != ["phalanx", "_src", "train"] or len(parts) < 4:
@@ -163,10 +229,30 @@ def test_only_model_py_touches_a_models_private_attributes(root):
 
 
 def test_the_checks_see_what_they_look_for(tmp_path):
-    # The circle finder and the private-attribute pattern on known answers.
+    # The circle finder, the data layers and the private-attribute pattern on known answers.
+    assert _data_layer("phalanx._src.data.dataset") == 0
+    assert _data_layer("phalanx._src.data.stream_nested") == 2
+    assert _data_layer("phalanx._src.data.records.sharding") is None
+    assert _data_layer("phalanx._src.train.loops.fit") is None
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
     assert _PRIVATE.search("x = self.model._state")
     assert _PRIVATE.search('getattr(model, "_step_hooks", None)')
     assert not _PRIVATE.search("model.engine.state")
+
+
+def test_strategy_room_imports_go_one_way():
+    # `strategy.py` (the `Strategy` class) is the room's top: the modules it builds on
+    # (run, reduce, distribution, replica context, state) know a strategy by the protocol
+    # in `base.py`, never by importing it back, even for annotations.
+    room = "phalanx._src.strategy."
+    graph = {
+        name: {t for t in targets if t.startswith(room)}
+        for name, targets in _without_faces().items()
+        if name.startswith(room)
+    }
+    assert len(graph) > 10, "the strategy room moved: update this check"
+    assert circles(graph) == []
+    top = room + "strategy"
+    assert sorted(name for name, targets in graph.items() if top in targets) == []

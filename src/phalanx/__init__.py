@@ -15,20 +15,30 @@ from phalanx import callbacks as callbacks
 from phalanx import cluster as cluster
 from phalanx import data as data
 from phalanx import datasets as datasets
+from phalanx import experimental as experimental
+from phalanx import image as image
 from phalanx import losses as losses
 from phalanx import metrics as metrics
 from phalanx import mixed_precision as mixed_precision
 from phalanx import optimizers as optimizers
+from phalanx import train as train
 from phalanx import tune as tune
 from phalanx._src import compilation_cache as _compilation_cache
 from phalanx._src.compilation_cache import set_compilation_cache as set_compilation_cache
 from phalanx._src.strategy.aggregation import (
     register_variable_aggregation as register_variable_aggregation,
 )
+from phalanx._src.strategy.communication import CrossDeviceOps as CrossDeviceOps
+from phalanx._src.strategy.communication import (
+    HierarchicalCopyAllReduce as HierarchicalCopyAllReduce,
+)
+from phalanx._src.strategy.communication import NcclAllReduce as NcclAllReduce
+from phalanx._src.strategy.communication import ReductionToOneDevice as ReductionToOneDevice
 from phalanx._src.strategy.distribute import InputContext as InputContext
 from phalanx._src.strategy.function import function as function
 from phalanx._src.strategy.loss import compute_average_loss as compute_average_loss
 from phalanx._src.strategy.loss import scale_regularization_loss as scale_regularization_loss
+from phalanx._src.strategy.padding import PaddedBatchWarning as PaddedBatchWarning
 from phalanx._src.strategy.reduce_op import ReduceOp as ReduceOp
 from phalanx._src.strategy.replica_context import ReplicaContext as ReplicaContext
 from phalanx._src.strategy.replica_context import get_replica_context as get_replica_context
@@ -49,10 +59,15 @@ _compilation_cache.configure_from_environment()  # on by default: fast restarts
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
+    "CrossDeviceOps",
+    "HierarchicalCopyAllReduce",
     "InputContext",
     "Model",
+    "NcclAllReduce",
+    "PaddedBatchWarning",
     "PerReplica",
     "ReduceOp",
+    "ReductionToOneDevice",
     "ReplicaContext",
     "Strategy",
     "compute_average_loss",

@@ -12,6 +12,7 @@ from phalanx._src.train.api.losses import (
     SparseCategoricalCrossentropy as SparseCategoricalCrossentropy,
 )
 from phalanx._src.train.api.losses import get as get
+from phalanx._src.train.api.reduction import Reduction as Reduction
 
 __all__ = [
     "BinaryCrossentropy",
@@ -20,6 +21,7 @@ __all__ = [
     "Loss",
     "MeanAbsoluteError",
     "MeanSquaredError",
+    "Reduction",
     "SparseCategoricalCrossentropy",
     "get",
 ]

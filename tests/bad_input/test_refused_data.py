@@ -46,10 +46,14 @@ CASES = [
         lambda s: Dataset.from_tensor_slices(np.zeros((0, 4), np.float32)),
     ),
     Case(
-        "`from_tensor_slices` of strings",
+        "a batch of strings reaching the devices (`experimental_distribute_dataset`)",
         TypeError,
-        ("dtype <U5", "integer ids"),
-        lambda s: Dataset.from_tensor_slices(np.array(["apple", "pear"])),
+        ("element holds Python objects of type str", "StringLookup or a vocabulary"),
+        lambda s: first(
+            phalanx.Strategy().experimental_distribute_dataset(
+                Dataset.from_tensor_slices(np.array(["apple", "pear"])).batch(2)
+            )
+        ),
     ),
     Case(
         "`from_tensor_slices` of ragged lists",

@@ -160,7 +160,7 @@ CASES = [
     Case(
         "string features",
         TypeError,
-        ("dtype <U1", "integer ids"),
+        ("x holds Python objects of type str", "integer ids"),
         lambda s: fit(s, np.array(list("abcdefghijklmnop")), s.y),
     ),
     Case(

@@ -34,11 +34,12 @@ def test_ragged_leaf():
 
 
 def test_object_and_string_dtypes():
-    with pytest.raises(TypeError, match=r"^y has dtype <U3.*integer ids"):
+    # Legal on the host (tests/data/test_strings.py); refused where batches feed the devices.
+    with pytest.raises(TypeError, match=r"^the input arrays: y holds .* str.*integer ids"):
         as_batches((np.zeros((3, 2)), np.array(["cat", "dog", "cow"])), batch_size=2)
     objects = np.empty(3, dtype=object)
-    with pytest.raises(TypeError, match=r"dtype object.*Python objects"):
-        Dataset.from_tensor_slices(objects)
+    with pytest.raises(TypeError, match=r"x holds Python objects of type NoneType"):
+        as_batches(objects, batch_size=2)
 
 
 def test_numeric_and_bfloat16_dtypes_are_accepted():
@@ -111,7 +112,7 @@ def test_bad_transformation_arguments(build, match):
         build(Dataset.from_tensor_slices(np.zeros(4)))
 
 
-def test_non_numeric_map_output_is_named():
-    ds = Dataset.from_tensor_slices(np.arange(3)).batch(3).map(lambda v: {"name": np.array(["a"])})
-    with pytest.raises(TypeError, match=r"map output\['name'\] has dtype <U1"):
+def test_ragged_map_output_is_named():
+    ds = Dataset.from_tensor_slices(np.arange(3)).batch(3).map(lambda v: {"rows": [[1], [2, 3]]})
+    with pytest.raises(ValueError, match=r"map output\['rows'\] is ragged"):
         next(iter(ds))

@@ -12,7 +12,8 @@ from conftest import build, make_data
 import phalanx
 from phalanx._src.train.engine.engine import Engine
 from phalanx._src.train.feeding import sources
-from phalanx._src.train.feeding.device_data import Blocks, Source
+from phalanx._src.train.feeding.blocks import Blocks
+from phalanx._src.train.feeding.device_data import Source
 from phalanx._src.train.loops import fit as fit_loop
 from phalanx._src.train.loops import phase
 
@@ -275,13 +276,13 @@ def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize(
     "rows, steps_per_epoch, resident",
-    # resident: whether any call trains on blocks, at K = (1, 2). At K=2 the first epoch of
-    # the straddling case has two whole groups before the short group that straddles.
+    # resident: whether any batch is found a block, at K = (1, 2). A fill with a batch that
+    # straddles a repetition gathers all its batches by row number instead.
     [
         (96, None, (True, True)),
         (96, 4, (True, True)),
         (100, None, (True, True)),
-        (100, 5, (False, True)),
+        (100, 5, (True, True)),
     ],
     ids=["whole_blocks", "whole_blocks_repeated", "partial_last_batch", "straddling_repeat"],
 )
@@ -312,27 +313,34 @@ def test_batches_read_in_order_train_on_their_blocks(
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-@pytest.mark.parametrize("placed", [False, True], ids=["from_host", "from_devices"])
-def test_blocks_are_whole_batches_in_order_within_one_copy_of_the_source(all_devices, placed):
-    x, y = make_data(96)
-    source = Source((x, y), all_devices)
-    if placed:
-        source.arrays()  # blocks are then cut on the devices
-    blocks = Blocks(source, all_devices)
-    rows = lambda start: np.arange(start, start + 24, dtype=np.int32)  # noqa: E731
-    ((bx, by),) = blocks.lookup([rows(24)], 24)
+def test_blocks_are_batches_in_order_cut_on_the_devices_from_one_placement(all_devices):
+    x, y = make_data(100)  # 4 whole batches of 24 and a partial one of 4
+    blocks = Blocks(Source((x, y), all_devices), all_devices)
+    placed = []
+    rows = lambda start, n=24: np.arange(start, start + n, dtype=np.int32)  # noqa: E731
+    (((bx, by), mask),) = blocks.lookup([rows(24)], 24, record=placed.append)
+    assert mask is None
     np.testing.assert_array_equal(np.asarray(bx), x[24:48])
     np.testing.assert_array_equal(np.asarray(by), y[24:48])
     assert bx.sharding.spec == all_devices.data_sharding.spec  # split over the replicas
-    ((sx, _),) = blocks.lookup([rows(0), rows(24)], 24, k=2)  # one (K, rows, ...) block
+    assert len(placed) == 1  # the whole layout, once; every later block is cut on the devices
+    (((sx, _), mask),) = blocks.lookup([rows(0), rows(24)], 24, k=2, record=placed.append)
     np.testing.assert_array_equal(np.asarray(sx), x[:48].reshape(2, 24, -1))
+    assert mask is None
+    # The partial last batch, padded as the host pipeline pads it, and its mask.
+    (((tx, _), mask),) = blocks.lookup([rows(96, 4)], 24)
+    np.testing.assert_array_equal(np.asarray(tx)[:4], x[96:])
+    np.testing.assert_array_equal(np.asarray(mask), np.arange(24) < 4)
+    # A group across the data's end (a carried iterator's epoch): cut on the devices too.
+    (((gx, _), mask),) = blocks.lookup([rows(96, 4), rows(0)], 24, k=2, record=placed.append)
+    np.testing.assert_array_equal(np.asarray(gx)[0, :4], x[96:])
+    np.testing.assert_array_equal(np.asarray(gx)[1], x[:24])
+    np.testing.assert_array_equal(np.asarray(mask), np.stack([np.arange(24) < 4, [True] * 24]))
+    assert len(placed) == 2  # and that group's mask
     assert blocks.lookup([rows(12)], 24) is None  # not on a batch boundary
     assert blocks.lookup([rows(72)[::-1]], 24) is None  # out of order
-    assert blocks.lookup([rows(0), rows(48)], 24, k=2) is None  # not consecutive
-    assert blocks.lookup([rows(0)[:12]], 24) is None  # a partial batch
-    # 72 of the budget's 96 rows (one copy of the source) are used: 48 more do not fit, 24 do.
-    assert blocks.lookup([rows(48), rows(72)], 24, k=2) is None
-    assert blocks.lookup([rows(48)], 24) is not None
+    assert blocks.lookup([rows(0)[:12]], 24) is None  # a short batch that is not the last
+    assert blocks.lookup([rows(90, 10)], 24) is None  # past the data
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -75,10 +75,7 @@ def test_absent_devices_and_bad_strings_are_refused_clearly():
 
 
 def test_cross_device_ops_is_accepted_and_changes_nothing():
-    class NcclAllReduce:  # stands in for tf.distribute.NcclAllReduce()
-        pass
-
-    ops = NcclAllReduce()
+    ops = phalanx.NcclAllReduce()  # TF: tf.distribute.NcclAllReduce()
     strategy = phalanx.Strategy(devices=["/cpu:0", "/cpu:1"], cross_device_ops=ops)
     assert strategy.cross_device_ops is ops
     total = strategy.reduce(

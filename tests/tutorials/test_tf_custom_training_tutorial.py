@@ -3,8 +3,8 @@
 The source is tensorflow/docs `site/en/tutorials/distribute/custom_training.ipynb`. `_tutorial`
 holds its code cells in order, with the renames `tf.distribute.MirroredStrategy` ->
 `phalanx.Strategy`, `tf.data` -> `phalanx.data`, `tf.function` -> `phalanx.function`,
-`tf.train.Checkpoint` / `tf.train.latest_checkpoint` -> `phalanx.Checkpoint` /
-`phalanx.latest_checkpoint`, `tf.keras.metrics` / `tf.keras.losses` -> `phalanx.metrics` /
+`tf.train.Checkpoint` / `tf.train.latest_checkpoint` -> `phalanx.train.Checkpoint` /
+`phalanx.train.latest_checkpoint`, `tf.keras.metrics` / `tf.keras.losses` -> `phalanx.metrics` /
 `phalanx.losses`, `tf.distribute.ReduceOp` -> `phalanx.ReduceOp`, `tf.cast` -> `jnp.asarray`.
 The step reads `model`, `optimizer` and the metrics from the enclosing scope and applies
 unreduced gradients, as the original does. The asserts are ours.
@@ -20,7 +20,7 @@ Lines that still differ beyond those renames (each marked `# TF:` below), and wh
    the step are carried too: tests/keras/test_keras_closures.py, where the tape becomes
    `stateless_call` under `jax.value_and_grad`); NNX layers take their input size and an
    RNG stream; the convolutions are left out because XLA:CPU compiles them slowly.
-4. `reduction=tf.keras.losses.Reduction.NONE` -> `reduction="none"`: Keras 3's form.
+4. (none: `tf.keras.losses.Reduction.NONE` is `phalanx.losses.Reduction.NONE`.)
 5. `tf.keras.optimizers.Adam()` -> `nnx.Optimizer(model, phalanx.optimizers.get("adam"),
    wrt=nnx.Param)` (twice): Keras's Adam as an optax transformation in an NNX optimizer.
 6. `with tf.GradientTape() as tape: ...; tape.gradient(loss, model.trainable_variables)` ->
@@ -40,8 +40,11 @@ Lines that still differ beyond those renames (each marked `# TF:` below), and wh
 import os
 import re
 
+os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras's first import, as tests/keras does
+
 import jax
 import jax.numpy as jnp
+import keras
 import numpy as np
 import optax
 import pytest
@@ -130,7 +133,7 @@ def _tutorial(checkpoint_dir):
         # global batch size.
         loss_object = phalanx.losses.SparseCategoricalCrossentropy(
             from_logits=True,
-            reduction="none",  # TF: tf.keras.losses.Reduction.NONE (Keras 3 uses strings)
+            reduction=phalanx.losses.Reduction.NONE,
         )
 
         def compute_loss(labels, predictions):
@@ -154,7 +157,7 @@ def _tutorial(checkpoint_dir):
         # TF: optimizer = tf.keras.optimizers.Adam()  (an NNX optimizer over Keras's Adam)
         optimizer = nnx.Optimizer(model, phalanx.optimizers.get("adam"), wrt=nnx.Param)
 
-        checkpoint = phalanx.Checkpoint(optimizer=optimizer, model=model)
+        checkpoint = phalanx.train.Checkpoint(optimizer=optimizer, model=model)
 
     def train_step(inputs):
         images, labels = inputs
@@ -240,8 +243,8 @@ def _tutorial(checkpoint_dir):
         predictions = new_model(images)  # TF: new_model(images, training=False)
         eval_accuracy(labels, predictions)
 
-    checkpoint = phalanx.Checkpoint(optimizer=new_optimizer, model=new_model)
-    checkpoint.restore(phalanx.latest_checkpoint(checkpoint_dir))
+    checkpoint = phalanx.train.Checkpoint(optimizer=new_optimizer, model=new_model)
+    checkpoint.restore(phalanx.train.latest_checkpoint(checkpoint_dir))
 
     for images, labels in test_dataset:
         eval_step(images, labels)
@@ -395,3 +398,95 @@ def test_the_tutorials_loss_scaling_example():
     losses = strategy.run(step, args=(batch,))
     assert [float(v) for v in strategy.experimental_local_results(losses)] == [1.25, 2.25]
     assert float(strategy.reduce(phalanx.ReduceOp.SUM, losses, axis=None)) == 3.5
+
+
+def _adam_first_step(w, g, rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
+    """Keras's Adam, first update: alpha * m / (sqrt(v) + epsilon), bias-corrected alpha."""
+    m, v = (1 - beta_1) * g, (1 - beta_2) * g**2
+    alpha = rate * np.sqrt(1 - beta_2) / (1 - beta_1)
+    return w - alpha * m / (np.sqrt(v) + epsilon)
+
+
+def test_the_tutorials_training_step_with_keras_objects():
+    """The tutorial's training cells in their Keras form (the current tutorial gives its
+    layers `kernel_regularizer` and adds `model.losses` inside the tape): the step closes
+    over a plain Keras model, `keras.optimizers.Adam()` and a Keras metric; the tape becomes
+    `stateless_call` under `jax.value_and_grad`, `model.losses` is read in it. Beyond the
+    renames: one Dense layer after Flatten (difference 3) with `L2(0.05)` instead of 1e-5,
+    so that the regularizer's share of Adam's first (sign-like) step shows. The first step's
+    kernel equals the hand-computed one, regularizer gradient included."""
+    (train_images, train_labels), _ = _load_data()
+    train_images = train_images[..., None] / np.float32(255)
+    strategy = phalanx.Strategy()
+    GLOBAL_BATCH_SIZE = 4 * strategy.num_replicas_in_sync
+
+    def make_dataset():
+        return (
+            phalanx.data.Dataset.from_tensor_slices((train_images, train_labels))
+            .shuffle(len(train_images), seed=0)
+            .batch(GLOBAL_BATCH_SIZE)
+        )
+
+    train_dist_dataset = strategy.experimental_distribute_dataset(make_dataset())
+
+    def create_model():
+        regularizer = keras.regularizers.L2(0.05)  # TF: L2(1e-5) on every layer
+        return keras.Sequential(
+            [
+                keras.Input((14, 14, 1)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10, kernel_regularizer=regularizer),
+            ]
+        )
+
+    with strategy.scope():
+        loss_object = phalanx.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=phalanx.losses.Reduction.NONE
+        )
+
+        def compute_loss(labels, predictions, model_losses):
+            per_example_loss = loss_object(labels, predictions)
+            loss = phalanx.compute_average_loss(per_example_loss)
+            if model_losses:
+                loss += phalanx.scale_regularization_loss(sum(model_losses))  # TF: tf.add_n
+            return loss
+
+        train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="train_accuracy")
+        model = create_model()
+        optimizer = keras.optimizers.Adam()
+
+    def train_step(inputs):
+        images, labels = inputs
+
+        def loss_fn(trainable):  # TF: with tf.GradientTape() as tape:
+            predictions, _ = model.stateless_call(trainable, [], images, training=True)
+            return compute_loss(labels, predictions, model.losses), predictions
+
+        trainable = [v.value for v in model.trainable_variables]
+        (loss, predictions), gradients = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        train_accuracy.update_state(labels, predictions)
+        return loss
+
+    @phalanx.function
+    def distributed_train_step(dataset_inputs):
+        per_replica_losses = strategy.run(train_step, args=(dataset_inputs,))
+        return strategy.reduce(phalanx.ReduceOp.SUM, per_replica_losses, axis=None)
+
+    w0, b0 = (np.asarray(v, np.float64) for v in model.get_weights())
+    distributed_train_step(next(iter(train_dist_dataset)))
+    w1 = np.asarray(model.get_weights()[0], np.float64)
+
+    # By hand: softmax cross-entropy of the first global batch, mean over the batch.
+    images, labels = next(iter(make_dataset()))
+    x = images.reshape(len(images), -1).astype(np.float64)
+    logits = x @ w0 + b0
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    probabilities[np.arange(len(labels)), labels] -= 1
+    data_gradient = x.T @ probabilities / GLOBAL_BATCH_SIZE
+    want = _adam_first_step(w0, data_gradient + 2 * 0.05 * w0)
+    np.testing.assert_allclose(w1, want, rtol=0, atol=2e-5)
+    without = _adam_first_step(w0, data_gradient)
+    assert np.abs(w1 - without).max() > 1e-3  # the regularizer's share is in the step
+    assert int(optimizer.iterations.value) == 1

@@ -8,13 +8,13 @@ Lines that still differ from the original beyond those renames, and why:
 1. `MirroredStrategy(devices=["/gpu:0", "/gpu:1"])` names "/cpu:0", "/cpu:1": the test
    machine has no GPU (the GPU strings resolve the same way, see
    tests/strategy/test_devices_strings.py).
-2. `cross_device_ops=tf.distribute.HierarchicalCopyAllReduce()`: the object is a local
-   stand-in class (TensorFlow is not installed); phalanx accepts it and XLA picks the
-   collective.
-3. `MultiWorkerMirroredStrategy(CollectiveCommunication.NCCL)` and
-   `CentralStorageStrategy()` have no phalanx counterpart: one `phalanx.Strategy` serves
-   both (processes join through `phalanx.cluster.resolve()`; state is replicated, not on
-   the CPU). Those cells are left out; so are the Estimator and TF_CONFIG cells.
+2. `cross_device_ops=tf.distribute.HierarchicalCopyAllReduce()` ->
+   `phalanx.HierarchicalCopyAllReduce()` and `MultiWorkerMirroredStrategy(
+   communication_options=tf.distribute.experimental.CommunicationOptions(...NCCL))` ->
+   `phalanx.Strategy(communication_options=phalanx.experimental.CommunicationOptions(...))`:
+   accepted and kept; XLA picks the collective.
+3. `CentralStorageStrategy()` has no phalanx counterpart: state is replicated, not on the
+   CPU. That cell is left out; so are the Estimator and TF_CONFIG cells.
 4. `tf.config.list_physical_devices('gpu')` -> `jax.devices("cpu")[0].platform == "gpu"`:
    JAX lists devices by platform; `print(tf.Variable(1.))` -> `print(jnp.asarray(1.))`:
    JAX has no variables outside a model.
@@ -29,7 +29,7 @@ Lines that still differ from the original beyond those renames, and why:
    `tf.GradientTape`, so `tape.gradient(loss, model.trainable_variables)` is
    `nnx.value_and_grad`, and `optimizer.apply_gradients(zip(gradients,
    model.trainable_variables))` is `optimizer.update(model, gradients)`.
-8. `tf.keras.losses.Reduction.NONE` -> `reduction="none"` (Keras 3's name).
+8. (none: `tf.keras.losses.Reduction.NONE` is `phalanx.losses.Reduction.NONE`.)
 9. `print(...)` of the losses is kept; the test also collects them to assert.
 """
 
@@ -43,13 +43,10 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+import pytest
 from flax import nnx
 
 import phalanx
-
-
-class HierarchicalCopyAllReduce:
-    """Stands in for tf.distribute.HierarchicalCopyAllReduce (TensorFlow is not installed)."""
 
 
 def _softplus(x):
@@ -68,8 +65,16 @@ def test_distributed_training_guide():
     mirrored_strategy = phalanx.Strategy(devices=["/cpu:0", "/cpu:1"])  # TF: "/gpu:0", "/gpu:1"
     assert mirrored_strategy.num_replicas_in_sync == 2
 
-    mirrored_strategy = phalanx.Strategy(cross_device_ops=HierarchicalCopyAllReduce())
-    assert isinstance(mirrored_strategy.cross_device_ops, HierarchicalCopyAllReduce)
+    mirrored_strategy = phalanx.Strategy(cross_device_ops=phalanx.HierarchicalCopyAllReduce())
+    assert isinstance(mirrored_strategy.cross_device_ops, phalanx.HierarchicalCopyAllReduce)
+
+    communication_options = phalanx.experimental.CommunicationOptions(
+        implementation=phalanx.experimental.CommunicationImplementation.NCCL
+    )
+    strategy = phalanx.Strategy(  # TF: tf.distribute.MultiWorkerMirroredStrategy(...)
+        communication_options=communication_options
+    )
+    assert strategy.communication_options.implementation.name == "NCCL"
 
     # Default strategy
     default_strategy = phalanx.get_strategy()
@@ -127,7 +132,9 @@ def test_distributed_training_guide():
     dataset = phalanx.data.Dataset.from_tensors(([1.0], [1.0])).repeat(100).batch(global_batch_size)
     dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
 
-    loss_object = phalanx.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+    loss_object = phalanx.losses.BinaryCrossentropy(
+        from_logits=True, reduction=phalanx.losses.Reduction.NONE
+    )
 
     def compute_loss(labels, predictions):
         per_example_loss = loss_object(labels, predictions)
@@ -173,3 +180,70 @@ def test_distributed_training_guide():
         w, b = w + step, b + step
     np.testing.assert_allclose(printed, expected, rtol=2e-5)
     np.testing.assert_allclose(float(model.kernel[...][0, 0]), w, rtol=2e-5)
+
+
+def test_distributed_training_guide_custom_loop_with_keras_objects():
+    """The guide's custom-loop cells in their Keras form: the step closes over a plain Keras
+    model (with the guide's `kernel_regularizer=L2(1e-4)`) and `keras.optimizers.SGD()`,
+    `tf.GradientTape` becomes `stateless_call` under `jax.value_and_grad`, and
+    `model.losses` is read inside the differentiated function, as inside TF's tape. The
+    first step's kernel includes the regularizer's gradient, 0.01 x 2e-4 x w0."""
+    mirrored_strategy = phalanx.Strategy()
+    global_batch_size = 2 * mirrored_strategy.num_replicas_in_sync
+
+    with mirrored_strategy.scope():
+        model = keras.Sequential(  # TF: Dense(1, input_shape=(1,), kernel_regularizer=...)
+            [
+                keras.Input((1,)),
+                keras.layers.Dense(1, kernel_regularizer=keras.regularizers.L2(1e-4)),
+            ]
+        )
+        optimizer = keras.optimizers.SGD()
+
+    dataset = phalanx.data.Dataset.from_tensors(([1.0], [1.0])).repeat(100).batch(global_batch_size)
+    dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
+
+    loss_object = phalanx.losses.BinaryCrossentropy(
+        from_logits=True, reduction=phalanx.losses.Reduction.NONE
+    )
+
+    def compute_loss(labels, predictions):
+        per_example_loss = loss_object(labels, predictions)
+        loss = phalanx.compute_average_loss(per_example_loss)
+        model_losses = model.losses
+        if model_losses:
+            loss += phalanx.scale_regularization_loss(sum(model_losses))  # TF: tf.add_n
+        return loss
+
+    def train_step(inputs):
+        features, labels = inputs
+
+        def loss_fn(trainable):  # TF: with tf.GradientTape() as tape:
+            predictions, _ = model.stateless_call(trainable, [], features, training=True)
+            return compute_loss(labels, predictions)
+
+        trainable = [v.value for v in model.trainable_variables]
+        loss, gradients = jax.value_and_grad(loss_fn)(trainable)  # TF: tape.gradient(...)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    @phalanx.function
+    def distributed_train_step(dist_inputs):
+        per_replica_losses = mirrored_strategy.run(train_step, args=(dist_inputs,))
+        return mirrored_strategy.reduce(phalanx.ReduceOp.SUM, per_replica_losses, axis=None)
+
+    (w0,), (b0,) = (np.asarray(v, np.float64).ravel() for v in model.get_weights())
+    losses = []
+    for dist_inputs in dist_dataset:
+        losses.append(float(distributed_train_step(dist_inputs)))
+        if len(losses) == 1:
+            (w1,), (b1,) = (np.asarray(v, np.float64).ravel() for v in model.get_weights())
+
+    # One SGD step (rate 0.01) on the mean BCE of logit w + b against 1, plus 1e-4 * w**2.
+    assert losses[0] == pytest.approx(_softplus(-(w0 + b0)) + 1e-4 * w0**2, rel=1e-6)
+    data_gradient = -_sigmoid(-(w0 + b0))
+    want_w1 = w0 - 0.01 * (data_gradient + 2e-4 * w0)
+    np.testing.assert_allclose(w1, want_w1, rtol=0, atol=2e-7)
+    np.testing.assert_allclose(b1, b0 - 0.01 * data_gradient, rtol=0, atol=2e-7)
+    assert abs(w1 - (w0 - 0.01 * data_gradient)) > 5e-7  # the regularizer's share is there
+    assert len(losses) == -(-100 // global_batch_size) and losses[-1] < losses[0]

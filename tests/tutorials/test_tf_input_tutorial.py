@@ -10,11 +10,16 @@ Lines that still differ from the TF original beyond the renames, and why:
 - in the `get_next_as_optional` and `element_spec` cells, `tf.range` and `tf.print` are
   written `range` and `print` (phalanx.function runs a Python loop over an iterator as
   written), and the printed values are also collected for the asserts.
-- the Keras StringLookup cell is left out: phalanx datasets hold numbers only (strings are
-  encoded to ids before a dataset is built).
+- the Keras StringLookup cell (`tf.keras.layers` -> `keras.layers`, Keras 3 on JAX, whose
+  preprocessing layers run eagerly on the NumPy batches `map` hands them) runs on the
+  tutorial's 2 devices (`phalanx.Strategy(jax.devices()[:2])`): its global batch of 4 does
+  not split over the suite's 8 or 3. The printed per-replica values are collected for the
+  asserts, and a Python-vocabulary variant of the cell follows it.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -266,3 +271,90 @@ def test_from_generator():
     assert sum(len(v) for v in local) == 4
     assert all(v.dtype == np.float32 and ((v >= 0) & (v < 1)).all() for v in local)
     assert jax.tree.structure(dataset.element_spec) == jax.tree.structure(0)
+
+
+def _string_lookup_ids(strategy, dataset_fn, steps=3):
+    """The per-replica values of the first `steps` batches of the cell's distributed dataset."""
+    distributed_dataset = strategy.distribute_datasets_from_function(dataset_fn)
+
+    # Print out a few example batches.
+    distributed_dataset_iterator = iter(distributed_dataset)
+    printed = []
+    for _ in range(steps):
+        batch = next(distributed_dataset_iterator)
+        print(batch)
+        printed.append(_local(strategy, strategy.run(lambda x: x, args=(batch,))))
+    return printed
+
+
+def _expected_ids(strategy, steps=3):
+    """["a", "c", "e"] repeated, looked up in vocab ["a", "b", "c", "d", "f"] (0: unknown),
+    cut into per-replica batches of 4 / replicas, one per replica each step."""
+    replicas = strategy.num_replicas_in_sync
+    per = 4 // replicas
+    ids = [1, 3, 0] * (steps * 4)
+    chunks = [ids[i * per : (i + 1) * per] for i in range(steps * replicas)]
+    return [chunks[s * replicas : (s + 1) * replicas] for s in range(steps)]
+
+
+def _import_keras_on_jax():
+    """keras with the JAX backend (read on keras's first import only), os.environ as it was:
+    that first import sets TF_FORCE_GPU_ALLOW_GROWTH for TensorFlow."""
+    before = dict(os.environ)
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    try:
+        return pytest.importorskip("keras")
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def test_keras_string_lookup_in_dataset_fn():
+    keras = _import_keras_on_jax()
+    if keras.backend.backend() != "jax":
+        pytest.skip(f"keras was imported with the {keras.backend.backend()} backend")
+    tf = keras  # the cell's `tf.keras.layers`, as Keras 3 spells it: keras.layers
+
+    strategy = phalanx.Strategy(jax.devices()[:2])
+    vocab = ["a", "b", "c", "d", "f"]
+
+    with strategy.scope():
+        # Create the layer(s) under scope.
+        layer = tf.layers.StringLookup(vocabulary=vocab)
+
+    def dataset_fn(input_context):
+        # a phalanx.data.Dataset
+        dataset = phalanx.data.Dataset.from_tensor_slices(["a", "c", "e"]).repeat()
+
+        # Custom your batching, sharding, prefetching, etc.
+        global_batch_size = 4
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        dataset = dataset.batch(batch_size)
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+
+        # Apply the preprocessing layer(s) to the phalanx.data.Dataset
+        def preprocess_with_kpl(input):
+            return layer(input)
+
+        processed_ds = dataset.map(preprocess_with_kpl)
+        return processed_ds
+
+    printed = _string_lookup_ids(strategy, dataset_fn)
+    assert [[v.tolist() for v in step] for step in printed] == _expected_ids(strategy)
+
+
+def test_python_vocabulary_in_dataset_fn():
+    strategy = phalanx.Strategy(jax.devices()[:2])
+    vocab = ["a", "b", "c", "d", "f"]
+    # The StringLookup's numbering in plain Python: 0 for an unknown word, then the vocab.
+    index = {word: i + 1 for i, word in enumerate(vocab)}
+
+    def dataset_fn(input_context):
+        dataset = phalanx.data.Dataset.from_tensor_slices(["a", "c", "e"]).repeat()
+        batch_size = input_context.get_per_replica_batch_size(4)
+        dataset = dataset.batch(batch_size)
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return dataset.map(lambda words: np.array([index.get(w, 0) for w in words], np.int32))
+
+    printed = _string_lookup_ids(strategy, dataset_fn)
+    assert [[v.tolist() for v in step] for step in printed] == _expected_ids(strategy)

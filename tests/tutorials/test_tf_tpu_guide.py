@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+import pytest
 from flax import nnx
 
 import phalanx
@@ -302,3 +303,76 @@ def test_tpu_guide_custom_loop_on_8_replicas_equals_one_device(mnist_path):
     np.testing.assert_allclose(
         model.dense3.kernel[...], model_one.dense3.kernel[...], rtol=1e-3, atol=1e-5
     )
+
+
+def _adam_first_step(w, g, rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
+    """Keras's Adam, first update: alpha * m / (sqrt(v) + epsilon), bias-corrected alpha."""
+    m, v = (1 - beta_1) * g, (1 - beta_2) * g**2
+    alpha = rate * np.sqrt(1 - beta_2) / (1 - beta_1)
+    return w - alpha * m / (np.sqrt(v) + epsilon)
+
+
+def test_tpu_guide_custom_loop_with_keras_objects(mnist_path):
+    """The guide's custom-loop cells in their Keras form: `step_fn` closes over the plain
+    Keras `create_model()`, `keras.optimizers.Adam()` and Keras metrics, as the guide's
+    does; `tf.GradientTape` becomes `stateless_call` under `jax.value_and_grad`. The first
+    step's last kernel equals the hand-computed Adam step on the first global batch."""
+    get_dataset = _get_dataset_fn(_mnist(mnist_path), seed=0)
+    batch_size = 200
+    strategy = phalanx.Strategy()
+    with strategy.scope():
+        model = create_model()
+        optimizer = keras.optimizers.Adam()
+        training_loss = keras.metrics.Mean("training_loss", dtype="float32")
+        training_accuracy = keras.metrics.SparseCategoricalAccuracy(
+            "training_accuracy", dtype="float32"
+        )
+
+    per_replica_batch_size = batch_size // strategy.num_replicas_in_sync
+    train_dataset = strategy.distribute_datasets_from_function(
+        lambda _: get_dataset(per_replica_batch_size, is_training=True)
+    )
+
+    @phalanx.function
+    def train_step(iterator):
+        """The step function for one training step"""
+
+        def step_fn(inputs):
+            """The computation to run on each TPU device."""
+            images, labels = inputs
+
+            def loss_fn(trainable):  # TF: with tf.GradientTape() as tape:
+                logits, _ = model.stateless_call(trainable, [], images, training=True)
+                loss = keras.losses.sparse_categorical_crossentropy(
+                    labels, logits, from_logits=True
+                )
+                loss = phalanx.compute_average_loss(loss, global_batch_size=batch_size)
+                return loss, logits
+
+            trainable = [v.value for v in model.trainable_variables]
+            (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
+            optimizer.apply_gradients(list(zip(grads, model.trainable_variables, strict=True)))
+            training_loss.update_state(loss * strategy.num_replicas_in_sync)
+            training_accuracy.update_state(labels, logits)
+
+        strategy.run(step_fn, args=(next(iterator),))
+
+    w0, b0 = (np.asarray(v, np.float64) for v in model.layers[-1].get_weights())
+    features = keras.Model(model.inputs[0], model.layers[-2].output)  # the last layer's input
+    images, labels = next(iter(get_dataset(batch_size, is_training=True)))
+    hidden = np.asarray(features(images), np.float64)
+
+    train_step(iter(train_dataset))
+
+    # By hand: the last kernel's gradient of the mean softmax cross-entropy.
+    logits = hidden @ w0 + b0
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    loss = -np.log(probabilities[np.arange(batch_size), labels]).mean()
+    probabilities[np.arange(batch_size), labels] -= 1
+    gradient = hidden.T @ probabilities / batch_size
+    w1 = np.asarray(model.layers[-1].get_weights()[0], np.float64)
+    changed = np.abs(gradient) > 1e-4  # where Adam's step is not decided by rounding
+    np.testing.assert_allclose(w1[changed], _adam_first_step(w0, gradient)[changed], atol=2e-6)
+    assert float(training_loss.result()) == pytest.approx(loss, rel=1e-5)
+    assert int(optimizer.iterations.value) == 1

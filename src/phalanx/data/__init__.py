@@ -24,6 +24,17 @@ from phalanx._src.data.iterator import Optional as Optional
 from phalanx._src.data.options import Options as Options
 from phalanx._src.data.options import TensorSpec as TensorSpec
 from phalanx._src.data.prefetch import DevicePrefetcher as DevicePrefetcher
+from phalanx._src.data.records.array_record import ArrayRecordDataset as ArrayRecordDataset
+from phalanx._src.data.records.example import FixedLenFeature as FixedLenFeature
+from phalanx._src.data.records.example import SparseTensorValue as SparseTensorValue
+from phalanx._src.data.records.example import VarLenFeature as VarLenFeature
+from phalanx._src.data.records.example import make_example as make_example
+from phalanx._src.data.records.example import parse_example as parse_example
+from phalanx._src.data.records.example import parse_single_example as parse_single_example
+from phalanx._src.data.records.example import string as string
+from phalanx._src.data.records.tfrecord_dataset import TFRecordDataset as TFRecordDataset
+from phalanx._src.data.records.tfrecord_io import DataLossError as DataLossError
+from phalanx._src.data.records.tfrecord_io import TFRecordWriter as TFRecordWriter
 from phalanx._src.data.wait import InputBoundWarning as InputBoundWarning
 from phalanx._src.data.wait import InputWaitMeter as InputWaitMeter
 from phalanx._src.data.workers import RemoteTraceback as RemoteTraceback
@@ -31,23 +42,34 @@ from phalanx.data import experimental as experimental
 
 __all__ = [
     "AUTOTUNE",
+    "ArrayRecordDataset",
     "BatchIterator",
     "Batches",
+    "DataLossError",
     "Dataset",
     "DatasetIterator",
     "DevicePrefetcher",
+    "FixedLenFeature",
     "InputBoundWarning",
     "InputWaitMeter",
     "Optional",
     "Options",
     "RemoteTraceback",
+    "SparseTensorValue",
+    "TFRecordDataset",
+    "TFRecordWriter",
     "TensorSpec",
     "UNKNOWN_CARDINALITY",
+    "VarLenFeature",
     "as_batches",
     "decode_image",
     "decode_jpeg",
     "decode_png",
     "experimental",
     "image_dataset_from_directory",
+    "make_example",
+    "parse_example",
+    "parse_single_example",
     "read_file",
+    "string",
 ]

@@ -182,13 +182,17 @@ def as_batches(
 
     Raises:
       ValueError, TypeError: bad arrays or batch size (see `Dataset.from_tensor_slices`),
-        a batch_size for a source that batches itself, or an unsupported type.
+        a batch_size for a source that batches itself, or an unsupported type; arrays or
+        foreign batches holding strings or Python objects, which cannot go to the devices
+        (`validation.check_device_batch`; a phalanx Dataset's batches are checked where
+        they reach the devices).
 
     Example:
       >>> batches = as_batches((x_train, y_train), batch_size=1024, shuffle=True, seed=0)
       >>> batches = as_batches(grain_loader)  # its own batches, checked on arrival
     """
     if isinstance(data, Dataset):
+        data._check_device_ready("the dataset's arrays")
         if data.batch_size is None:
             if batch_size is None:
                 raise ValueError(
@@ -202,6 +206,9 @@ def as_batches(
         batch_size = 32 if batch_size is None else batch_size
         validation.check_batch_size(batch_size)
         dataset = Dataset._from_arrays(data, root="x")
+        # These batches go to the devices (fit, evaluate, predict): refuse strings now,
+        # before anything is traced, rather than at the first step.
+        validation.check_device_batch(data, "the input arrays", root="x")
         if shuffle:
             dataset = dataset.shuffle(len(dataset), seed=seed)
         return dataset.batch(batch_size, drop_remainder)

@@ -9,10 +9,22 @@ elements each, and the pipeline settles on the level whose *per-element wall tim
 consumer sees it* is lowest. That time includes the consumer's own work between elements
 and any slowdown the workers cause it, which is what a training loop pays.
 
-A level other than 0 is only chosen when every window measured at it beats the calling
-thread's mean by more than `margin` (5 %), windows of level 0 and of the candidate
-alternating, so AUTOTUNE is not slower than sequential by more than noise. The
-choice is kept on the Dataset, so later epochs start at it. Workers are threads unless the
+A level other than 0 is only chosen when every window measured at it while confirming beats
+the calling thread's mean over the same phase by more than `margin` (5 %), windows of level
+0 and of the candidate alternating, so AUTOTUNE is not slower than sequential by more than
+noise. Only the confirmation phase's windows decide: a pipeline speeds up over its first
+elements (page faults, caches, lazy imports), so level 0's first, cold window would make
+any later level look faster, or, measured late, slower.
+
+Windows are short (3 elements and 20 ms at least, 1 element of warm-up after a switch):
+an element is often a whole batch of 16-64 mapped examples, and the decision must come
+within the first few hundred examples (earlier windows of 16 elements and 0.1 s took
+~130 batches, longer than the 1,500-example runs of issue 34, which thus ran mostly at
+the levels being measured and landed at ~1.0x sequential where 2 threads gave 1.8x).
+
+The choice is kept on the Dataset, so later epochs start at it; `Tuner.describe()` (and
+`Dataset.autotune_report`) says what was measured and chosen, and the choice is logged at
+DEBUG level on the "phalanx.data" logger. Workers are threads unless the
 map asked for processes (`map(fn, num_parallel_calls=AUTOTUNE, workers="process")`), in which
 case the levels are process counts; AUTOTUNE never switches to processes on its own (they
 need a picklable function and a `__main__` guard in scripts).
@@ -24,28 +36,32 @@ injected timings; `Autotuned` is the executor that measures and switches.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 _MAX_WINDOW = 64  # elements in one measured window at most, however fast they are
+_log = logging.getLogger("phalanx.data")
 
 
 def per_element(intervals: Sequence[float]) -> float:
     """The mean time between elements, not counting one isolated stall.
 
-    One long stall in a window (a compile in the consumer, a page-in) must not decide the
-    level: an interval over 10x every other is counted as the next longest. Bursts from
-    parallel workers (several elements at once, then a gap) are kept whole, so they
-    average out to the true rate.
+    One long stall in a window of 8 or more (a compile in the consumer, a page-in) must
+    not decide the level: an interval over 10x the median is counted as the median. Bursts
+    from parallel workers (several elements at once, then a gap) are kept whole, so they
+    average out to the true rate; in a short window such a gap is the rate itself (two
+    workers: one interval near 0, the next twice the mean), so nothing is dropped there.
     """
     if not intervals:
         raise ValueError("a measured window needs at least one interval")
     values = sorted(intervals)
     total = sum(values)
-    if len(values) > 2 and values[-1] > 10 * values[-2]:
-        total += values[-2] - values[-1]
+    middle = values[len(values) // 2]
+    if len(values) >= 8 and values[-1] > 10 * middle:
+        total += middle - values[-1]
     return total / len(values)
 
 
@@ -76,10 +92,11 @@ class Tuner:
 
     max_level: int
     margin: float = 0.05
-    warmup: int = 2
-    window: int = 16
-    min_seconds: float = 0.1
+    warmup: int = 1
+    window: int = 3
+    min_seconds: float = 0.02
     confirmations: int = 2
+    kind: str = "thread"  # what a level counts: "thread" or "process" workers
     samples: dict[int, list[float]] = dataclasses.field(default_factory=dict, init=False)
     # The window being measured, kept across iterators (a short epoch holds few elements).
     pending: list[float] = dataclasses.field(default_factory=list, init=False)
@@ -88,6 +105,8 @@ class Tuner:
     level: int = dataclasses.field(default=0, init=False)
     _confirm: list[int] = dataclasses.field(default_factory=list, init=False)
     _climbing: bool = dataclasses.field(default=True, init=False)
+    # Per level, how many of its windows were measured before the confirmation phase.
+    _climbed: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.max_level < 0:
@@ -101,9 +120,16 @@ class Tuner:
         return self.choice is not None
 
     def enough(self, intervals: Sequence[float]) -> bool:
-        """Whether a window of these intervals is long enough to be observed."""
+        """Whether a window of these intervals is long enough to be observed.
+
+        At N workers elements tend to arrive in bursts of N, so a window holds a multiple
+        of N intervals: whole bursts, whose mean is the rate.
+        """
         n = len(intervals)
-        return n >= _MAX_WINDOW or (n >= self.window and sum(intervals) >= self.min_seconds)
+        if n >= _MAX_WINDOW:
+            return True
+        whole = n % max(self.level, 1) == 0
+        return whole and n >= self.window and sum(intervals) >= self.min_seconds
 
     def tick(self, last: float | None, now: float) -> bool:
         """One element handed to the consumer at `now` (the one before at `last`, None for
@@ -133,6 +159,25 @@ class Tuner:
         self.pending = []
         if self.level != before:
             self.since_switch = 0
+        if self.settled:
+            _log.debug("%s", self.describe())
+
+    def describe(self) -> str:
+        """What was measured (elements/s per level, window by window) and chosen."""
+
+        def name(level: int) -> str:
+            if level == 0:
+                return "the calling thread"
+            plural = "es" if self.kind.endswith("s") else "s"
+            return f"{level} {self.kind}{plural if level > 1 else ''}"
+
+        measured = "; ".join(
+            f"{name(level)}: " + ", ".join(f"{1 / t:.4g}" for t in times)
+            for level, times in sorted(self.samples.items())
+        )
+        if not self.settled:
+            return f"AUTOTUNE measuring (now at {name(self.level)}); elements/s: {measured}"
+        return f"AUTOTUNE chose {name(self.choice)}; elements/s measured: {measured or '-'}"
 
     def _time(self, level: int) -> float:
         return statistics.fmean(self.samples[level])
@@ -148,6 +193,7 @@ class Tuner:
             self.level = level + 1
             return
         self._climbing = False
+        self._climbed = {lv: len(times) for lv, times in self.samples.items()}
         others = [lv for lv in self.samples if lv > 0]
         best = min(others, key=self._time)
         if self._time(best) >= self._time(0) * (1 - self.margin):
@@ -156,11 +202,18 @@ class Tuner:
         self._confirm = [best] + [0, best] * (self.confirmations - 1)
         self.level = 0
 
+    def _confirmed(self, level: int) -> list[float]:
+        """The windows measured at `level` while confirming (all of them if none were)."""
+        times = self.samples.get(level, [])
+        return times[self._climbed.get(level, 0) :] or times
+
     def _decide(self) -> None:
-        base = self._time(0)
+        base = statistics.fmean(self._confirmed(0))
         others = [lv for lv in self.samples if lv > 0 and len(self.samples[lv]) >= 2]
-        winners = [lv for lv in others if max(self.samples[lv]) < base * (1 - self.margin)]
-        self.choice = min(winners, key=self._time) if winners else 0
+        winners = [lv for lv in others if max(self._confirmed(lv)) < base * (1 - self.margin)]
+        self.choice = (
+            min(winners, key=lambda lv: statistics.fmean(self._confirmed(lv))) if winners else 0
+        )
         self.level = self.choice
 
 

@@ -24,6 +24,7 @@ from phalanx._src.data.dataset_map import DatasetMap
 from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
 from phalanx._src.data.dataset_tf import DatasetTF
 from phalanx._src.data.iterator import DatasetIterator
+from phalanx._src.data.keras_input import KerasInput
 from phalanx._src.data.options import Options
 from phalanx._src.data.stream_nested import StreamBatch
 
@@ -39,7 +40,7 @@ _INDEX_VIEW_NODES = (
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 
 
-class Dataset(DatasetOps, DatasetTF, DatasetMap):
+class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: plain Keras's x
     """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
 
     Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
@@ -80,6 +81,13 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
         The element structure is kept exactly: a tuple stays a tuple, a dict a dict, a
         namedtuple that namedtuple. Lists are read as arrays, as tf.data does.
 
+        Strings and bytes are welcome on the host (a list of str or bytes, a NumPy `U`,
+        `S` or object array): an element's string leaf is a Python `str` or `bytes` (the
+        type given: where tf.data's `as_numpy_iterator()` yields bytes for both, phalanx
+        keeps str as str), and a batch of them is a NumPy object array, as tf.data gives
+        a string tensor. `map` them to numbers (a `StringLookup`, a vocabulary) before
+        the data goes to the devices, where a string leaf raises an error naming it.
+
         Args:
           tensors: a pytree of array-likes (NumPy, JAX, nested lists) with equal first dims.
 
@@ -88,10 +96,10 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
 
         Raises:
           ValueError: ragged leaves, first dimensions that disagree, a scalar, no rows.
-          TypeError: a non-numeric dtype (strings, Python objects).
 
         Example:
           >>> ds = Dataset.from_tensor_slices({"image": x, "label": y})
+          >>> words = Dataset.from_tensor_slices(["the", "cat"])   # yields "the", "cat"
         """
         xy = type(tensors) is tuple and 2 <= len(tensors) <= 3  # Named x, y, sample_weight.
         return cls._from_arrays(tensors, "x" if xy else "tensors")
@@ -141,6 +149,12 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
           reshuffle_each_iteration: a new order every epoch (True) or the same one (False).
         """
         size = validation.check_positive(buffer_size, "buffer_size", "shuffle(1024)")
+        # A streaming source may give random access on request (TFRecord files, by an
+        # index of their records: records/indexed.py).
+        hook = getattr(self._node, "random_access", None)
+        indexed = None if hook is None else hook()
+        if indexed is not None:
+            return self._then(indexed).shuffle(size, seed, reshuffle_each_iteration)
         self._needs_random_access("shuffle()")
         if seed is None:
             seed = secrets.randbits(63)
@@ -228,6 +242,10 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
         sees only this process's rows (possibly none), so it must work row by row (casts,
         scaling), not across the batch, for that independence to hold.
 
+        A pipeline over TFRecord files is sharded at the files instead, as tf.data's
+        auto-sharding (`Options().experimental_distribute.auto_shard_policy`): each process
+        reads its files (or its records) and yields batches of global / count rows.
+
         Args:
           index: this process's part; defaults to `jax.process_index()`.
           count: the number of parts; defaults to `jax.process_count()`.
@@ -247,6 +265,13 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
         total = sum(isinstance(n, batches) for n in plan.chain(self._node))
         if not total:
             raise ValueError("process_split() splits global batches; call batch() first.")
+        # A source may split the pipeline itself: record files are sharded at the files,
+        # as tf.data's auto-sharding does (records/record_files.py).
+        for node in plan.chain(self._node):
+            hook = getattr(node, "split_processes", None)
+            split = None if hook is None else hook(self._node, self._options, index, count)
+            if split is not None:
+                return self._then(split)
         seen = itertools.count(1)
 
         def change(node: plan.Node) -> plan.Node:
@@ -336,10 +361,9 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
           >>> idx = next(iter(view))           # e.g. 1024 row numbers
           >>> x_all[idx]                       # == the first batch of iter(ds)
         """
-        nodes = plan.chain(self._node)
-        if not all(isinstance(n, _INDEX_VIEW_NODES) for n in nodes):
+        source = self._index_source()
+        if source is None:
             return None  # a node computes elements (map, cache, enumerate, zip, filter, ...)
-        source = nodes[0]
         rows = np.arange(source.length, dtype=np.int32)
         index_source = plan.Source([rows], plan.Source.single_leaf())
 
@@ -350,6 +374,21 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap):
         view = Dataset(plan.rebuild(self._node, change), 0, self._options)
         view._owner = self
         return view, source.treedef.unflatten(source.leaves)
+
+    def _index_source(self) -> plan.Source | None:
+        """The in-memory source when every op is index arithmetic (see `row_indices`)."""
+        nodes = plan.chain(self._node)
+        if not all(isinstance(n, _INDEX_VIEW_NODES) for n in nodes):
+            return None
+        return nodes[0]
+
+    def _check_device_ready(self, where: str) -> None:
+        """Refuses now, before anything is traced, an index pipeline over arrays that hold
+        strings or objects (`validation.check_device_batch`); a pipeline that computes its
+        elements (map, ...) is checked batch by batch where its batches reach the devices."""
+        source = self._index_source()
+        if source is not None:
+            validation.check_device_batch(source.treedef.unflatten(source.leaves), where)
 
     # -- iteration --------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._src.data import element_ops, executors, plan, stream, validation
+from phalanx._src.data import element_ops, executors, plan, validation
 
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 _WORKER_KINDS = ("thread", "process")
@@ -79,8 +79,14 @@ class DatasetMap:
             count = validation.check_positive(
                 num_parallel_calls, "num_parallel_calls", "map(fn, num_parallel_calls=2)"
             )
-        if self._streaming:  # computed in order, in the consuming thread
-            return self._then(stream.StreamMap(self._node, fn))
+        if self._streaming:  # read in order; mapped by threads when asked (or inline)
+            if workers == "process":
+                raise ValueError(
+                    "map(..., workers='process') needs random access; after a streaming op "
+                    "(TFRecordDataset, filter, from_generator) maps run in threads: "
+                    "map(fn, num_parallel_calls=AUTOTUNE)"
+                )
+            return self._then(executors.ParallelStreamMap(self._node, fn, count))
         if workers == "process" and count:
             from phalanx._src.data.workers import warm_up
 
@@ -133,6 +139,26 @@ class DatasetMap:
         if buffer_size != AUTOTUNE:
             buffer_size = validation.check_positive(buffer_size, "buffer_size", "prefetch(2)")
         return type(self)(self._node, buffer_size, self._options)  # type: ignore[call-arg]
+
+    @property
+    def autotune_report(self) -> str | None:
+        """What AUTOTUNE measured (elements/s per level) and chose; None before it ran.
+
+        Example:
+          >>> ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE).batch(64)
+          >>> for batch in ds: ...
+          >>> ds.autotune_report
+          'AUTOTUNE chose 2 threads; elements/s measured: the calling thread: 21.5, ...'
+        """
+        tuner = getattr(self, "_tuner", None)
+        if tuner is None:  # a map after a streaming op keeps its decision on its node
+            tuners = [
+                node.tuner
+                for node in plan.chain(self._node)
+                if isinstance(node, executors.ParallelStreamMap) and node.tuner is not None
+            ]
+            tuner = tuners[-1] if tuners else None
+        return None if tuner is None else tuner.describe()
 
     # -- worker processes kept between epochs -------------------------------------------------
 

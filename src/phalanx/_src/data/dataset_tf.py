@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from phalanx._src.data import autotune, plan, stream
-from phalanx._src.data.options import Options, TensorSpec, spec_of
+from phalanx._src.data.options import Options, spec_of
 
 
 class DatasetTF:
@@ -46,8 +46,8 @@ class DatasetTF:
 
         The paths are sorted, then shuffled every epoch unless `shuffle=False` (pass a
         `seed` so that every process, and a resumed run, sees the same order). Elements are
-        NumPy strings: `map` them to arrays (`phalanx.data.read_file`, `decode_image`)
-        before batching for a model.
+        Python strings (a batch of them an object array): `map` them to arrays
+        (`phalanx.data.read_file`, `decode_image`) before the data goes to a model.
 
         Args:
           file_pattern: a glob pattern (`"data/*/*.png"`) or a list of them.
@@ -69,7 +69,7 @@ class DatasetTF:
                 f"list_files found no file matching {file_pattern!r} (relative to "
                 f"{os.getcwd()!r}); check the pattern, e.g. 'images/*/*.png'"
             )
-        dataset = cls(plan.Source([np.array(files)], plan.Source.single_leaf()))  # type: ignore[call-arg]
+        dataset = cls(plan.Source([np.array(files, dtype=object)], plan.Source.single_leaf()))  # type: ignore[call-arg]
         if shuffle is None or shuffle:
             dataset = dataset.shuffle(len(files), seed=seed)
         return dataset
@@ -123,27 +123,3 @@ class DatasetTF:
         if self._tuner is None or self._tuner.max_level != top:
             self._tuner = autotune.Tuner(max_level=top)
         return self._tuner
-
-
-def check_signature(signature: Any, element: Any) -> Any:
-    """`element` converted to `signature`'s dtypes, or a ValueError naming the mismatch."""
-    specs, treedef = jax.tree.flatten(signature, is_leaf=lambda s: isinstance(s, TensorSpec))
-    try:
-        leaves = treedef.flatten_up_to(element)
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"the generator yielded {element!r}, whose structure does not match "
-            f"output_signature {signature!r}"
-        ) from None
-    out = []
-    for spec, leaf in zip(specs, leaves, strict=True):
-        array = np.asarray(leaf)
-        if np.can_cast(array.dtype, spec.dtype, "same_kind"):
-            array = array.astype(spec.dtype, copy=False)
-        if not spec.is_compatible_with(array):
-            raise ValueError(
-                f"the generator yielded an array of shape {array.shape} and dtype "
-                f"{array.dtype} where output_signature says {spec}"
-            )
-        out.append(array)
-    return treedef.unflatten(out)

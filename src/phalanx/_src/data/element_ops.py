@@ -12,6 +12,7 @@ import numpy as np
 
 from phalanx._src.data import validation
 from phalanx._src.data.plan import Key, Node
+from phalanx._src.image import randomness
 
 
 @dataclasses.dataclass(eq=False)
@@ -23,23 +24,26 @@ class Map(Node):
     workers: int  # 0: in the consuming thread; N; or -1 (AUTOTUNE)
     kind: str = "thread"  # or "process"
 
-    def _call(self, element: Any) -> Any:
-        out = self.fn(*element) if type(element) is tuple else self.fn(element)
+    def _call(self, element: Any, key: Key = (), position: int = 0) -> Any:
+        # Random ops inside fn draw from the element's own stream (reproducible, resumable).
+        with randomness.element_stream(randomness.map_words(self, key, position)):
+            out = self.fn(*element) if type(element) is tuple else self.fn(element)
         return validation.to_numpy_tree(out, "map output")
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         if self.level == 1:
-            return [self._call(batch) for batch in self.parent.get(key, positions)]
+            batches = self.parent.get(key, positions)
+            return [self._call(b, key, p) for b, p in zip(batches, positions, strict=True)]
         if len(positions) == 0:
             # The output structure of zero rows: map one row, keep none of it.
             probe = self.get(key, np.zeros(1, np.int64))
             return jax.tree.map(lambda a: a[:0], probe)
         leaves, treedef = jax.tree.flatten(self.parent.get(key, positions))
         rows = [
-            self._call(treedef.unflatten([leaf[i] for leaf in leaves]))
+            self._call(treedef.unflatten([leaf[i] for leaf in leaves]), key, positions[i])
             for i in range(len(positions))
         ]
-        return jax.tree.map(lambda *r: np.stack(r), *rows)
+        return jax.tree.map(lambda *r: validation.stack(r), *rows)
 
 
 @dataclasses.dataclass(eq=False)

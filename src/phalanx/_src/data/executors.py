@@ -13,16 +13,24 @@ step, returns elements in order from `next()` and stops its threads or processes
 - `map(fn, num_parallel_calls=N, workers="process")`: `workers.Processes`, kept by the
   dataset from one epoch to the next (`release`, `Dataset._park`);
 - AUTOTUNE anywhere: `autotune.Autotuned`, which measures and picks among the above.
+
+A map after a streaming op (TFRecordDataset, filter, from_generator) has no positions to
+compute ahead from; `ParallelStreamMap` reads its parent in order and maps up to N
+elements at once in threads instead.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import itertools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
+
+from phalanx._src.data.stream import Stream
 
 Fetch = Callable[[int], Any]
 AUTOTUNE = -1  # as tf.data.AUTOTUNE: let phalanx pick (measured; see `autotune`)
@@ -141,8 +149,128 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
     top = max(fixed, cap) if tuned_map else 1
     if not options.autotune.enabled:
         return make(top, start, ahead)
+    tuner = dataset._tuner_for(top)
+    tuner.kind = "process" if processes else "thread"
     return autotune.Autotuned(
-        dataset._tuner_for(top),
+        tuner,
         lambda level, step: make(level, step, max(ahead, 2 * level)),
         start,
     )
+
+
+# -- a streaming map computed by threads ------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class ParallelStreamMap(Stream):
+    """`map(fn, num_parallel_calls=N)` after a streaming op (records, filter, generators).
+
+    The parent is read in order in the consuming thread; up to N elements are mapped at
+    once by threads and handed back in order. The state is the parent's state *after the
+    last element handed out* (snapshotted when it was read), so a restored iterator
+    continues exactly, whatever was computed ahead. Random ops inside `fn` draw from the
+    element's stream (its position in this iteration), as in random-access maps. AUTOTUNE
+    measures 0 (inline), 1, 2, ... threads with a `Tuner` kept on the node, as `Autotuned`.
+    """
+
+    parent: Any
+    fn: Callable[..., Any]
+    workers: int  # 0: inline; N threads; AUTOTUNE
+    tuner: Any = None  # the AUTOTUNE decision, shared by this node's iterations
+
+    def open(self, key: tuple[int, ...], state: dict | None) -> Any:
+        return _ParallelMapCursor(self, key, state)
+
+
+class _ParallelMapCursor:
+    def __init__(self, node: ParallelStreamMap, key: tuple[int, ...], state: dict | None) -> None:
+        from phalanx._src.data import stream
+        from phalanx._src.image import randomness
+
+        self.node, self.key = node, key
+        self._randomness = randomness
+        self._words = (len(key), *key)
+        self.parent = stream.open_node(node.parent, key, None if state is None else state["parent"])
+        self.position = 0 if state is None else int(state["position"])
+        self._read = self.position  # elements read from the parent
+        self._parent_state = self.parent.state()
+        self._pending: collections.deque = collections.deque()
+        self._done = False
+        self._pool: Any = None
+        self._last: float | None = None
+        if node.workers == AUTOTUNE and node.tuner is None:
+            from phalanx._src.data import autotune
+
+            node.tuner = autotune.Tuner(max_level=cpu_count())
+        self._width = node.workers if node.workers != AUTOTUNE else node.tuner.level
+
+    def _call(self, element: Any, position: int) -> Any:
+        from phalanx._src.data import stream, validation
+
+        with self._randomness.element_stream((*self._words, position)):
+            out = stream.call(self.node.fn, element)
+        return validation.to_numpy_tree(out, "map output")
+
+    def _fill(self) -> None:
+        while not self._done and len(self._pending) < 2 * self._width:
+            try:
+                element = next(self.parent)
+            except StopIteration:
+                self._done = True
+                return
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max(self._width, 1), thread_name_prefix=f"phalanx-map-{next(_ids)}"
+                )
+            future = self._pool.submit(self._call, element, self._read)
+            self._pending.append((future, self.parent.state()))
+            self._read += 1
+
+    def __next__(self) -> Any:
+        if self._width == 0 and not self._pending:
+            if self._pool is not None:  # AUTOTUNE settled inline: no idle threads kept
+                self.close()
+            element = next(self.parent)  # StopIteration ends the iteration
+            result = self._call(element, self._read)
+            self._read += 1
+            self._parent_state = self.parent.state()
+        else:
+            self._fill()
+            if not self._pending:
+                self.close()
+                raise StopIteration
+            future, self._parent_state = self._pending.popleft()
+            try:
+                result = future.result()  # a worker's exception is raised here, in order
+            except BaseException:
+                self.close()  # a traceback may keep this cursor alive: stop its threads now
+                raise
+            self._fill()
+        self.position += 1
+        self._tune()
+        return result
+
+    def _tune(self) -> None:
+        tuner = self.node.tuner
+        if self.node.workers != AUTOTUNE or (tuner.settled and tuner.level == self._width):
+            return
+        now = time.perf_counter()
+        tuner.tick(self._last, now)
+        self._last = now
+        if tuner.level != self._width:
+            # In-flight elements finish at the old width; new ones start at the new one.
+            if self._pool is not None and tuner.level > self._width:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+            self._width, self._last = tuner.level, None
+
+    def state(self) -> dict:
+        return {"parent": self._parent_state, "position": self.position}
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,17 +1,16 @@
-"""Images from files: PNG and JPEG decoding (Pillow, the `image` extra) and Keras's
-`image_dataset_from_directory`.
+"""Images from files: Keras's `image_dataset_from_directory`, and tf.io's decoders
+(implemented in `phalanx._src.image.decode`, re-exported here for `phalanx.data`).
 
 The decoders follow tf.io's: `decode_png(contents, channels=0)` returns a (height, width,
 channels) uint8 array, `channels` 0 keeping the file's own (1 for grayscale), 1 converting
 to grayscale, 3 to RGB and 4 to RGBA. They take the bytes `read_file` returns (a uint8
 array) or Python bytes, so a pipeline reads `list_files(...).map(lambda p:
-decode_png(read_file(p)))`. Pillow releases the GIL while it decodes, so such maps gain from
-threads (AUTOTUNE measures it).
+decode_png(read_file(p)))`. JPEGs decode with libjpeg-turbo (simplejpeg) and the rest with
+Pillow; both release the GIL, so such maps gain from threads (AUTOTUNE measures it).
 """
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +20,10 @@ import numpy as np
 from phalanx._src.data import files, plan
 from phalanx._src.data.executors import AUTOTUNE
 from phalanx._src.data.seeds import default_seed
+from phalanx._src.image.decode import decode_image as decode_image
+from phalanx._src.image.decode import decode_jpeg as decode_jpeg
+from phalanx._src.image.decode import decode_png as decode_png
+from phalanx._src.image.decode import pillow_module
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")  # as Keras's
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -28,95 +31,12 @@ _COLOR_MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}
 _LABEL_MODES = ("int", "categorical", "binary", None)
 
 
-def _pillow() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError(
-            "decoding images needs Pillow, phalanx's `image` extra: pip install 'phalanx[image]'"
-        ) from None
-    return Image
-
-
-def _open(contents: Any, formats: tuple[str, ...] | None, what: str) -> Any:
-    if isinstance(contents, np.ndarray):
-        if contents.dtype != np.uint8 or contents.ndim != 1:
-            raise TypeError(
-                f"{what} takes a file's bytes (bytes, or the 1-D uint8 array read_file "
-                f"returns), got an array of dtype {contents.dtype} and shape {contents.shape}"
-            )
-        contents = contents.tobytes()
-    if not isinstance(contents, bytes | bytearray):
-        raise TypeError(
-            f"{what} takes a file's bytes (bytes, or read_file(path)), got "
-            f"{type(contents).__name__}"
-        )
-    image_module = _pillow()
-    try:
-        image = image_module.open(io.BytesIO(contents), formats=formats)
-        image.load()
-    except Exception as error:
-        kinds = "/".join(formats) if formats else "an image"
-        raise ValueError(f"{what}: the bytes are not {kinds} ({error})") from None
-    return image
-
-
-def _to_array(image: Any, channels: int, dtype: Any = np.uint8) -> np.ndarray:
-    if channels not in (0, 1, 3, 4):
-        raise ValueError(f"channels must be 0, 1, 3 or 4, got {channels!r}")
-    if channels:
-        image = image.convert(_MODES[channels])
-    elif image.mode not in ("L", "RGB", "RGBA", "I;16", "I"):
-        image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
-    array = np.asarray(image)
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if np.dtype(dtype) == np.uint16:
-        return array.astype(np.uint16) * (257 if array.dtype == np.uint8 else 1)
-    return array.astype(dtype, copy=False)
-
-
-def decode_png(contents: Any, channels: int = 0, dtype: Any = np.uint8) -> np.ndarray:
-    """A PNG's pixels as a (height, width, channels) array, as tf.io.decode_png.
-
-    Args:
-      contents: the file's bytes (`read_file(path)` or Python bytes).
-      channels: 0 keeps the file's channels; 1 grayscale, 3 RGB, 4 RGBA.
-      dtype: np.uint8 (default) or np.uint16.
-
-    Raises:
-      ValueError: the bytes are not a PNG. ImportError: Pillow is not installed.
-
-    Example:
-      >>> image = decode_png(read_file("digit.png"), channels=1)   # (28, 28, 1) uint8
-    """
-    return _to_array(_open(contents, ("PNG",), "decode_png"), channels, dtype)
-
-
-def decode_jpeg(contents: Any, channels: int = 0) -> np.ndarray:
-    """A JPEG's pixels as a (height, width, channels) uint8 array, as tf.io.decode_jpeg.
-
-    Example:
-      >>> image = decode_jpeg(read_file("photo.jpg"), channels=3)
-    """
-    return _to_array(_open(contents, ("JPEG",), "decode_jpeg"), channels)
-
-
-def decode_image(contents: Any, channels: int = 0, dtype: Any = np.uint8) -> np.ndarray:
-    """Any image Pillow reads (PNG, JPEG, GIF's first frame, BMP) as a 3-D array.
-
-    Example:
-      >>> image = decode_image(read_file(path), channels=3)
-    """
-    return _to_array(_open(contents, None, "decode_image"), channels, dtype)
-
-
 def load_image(
     path: Any, size: tuple[int, int], channels: int, interpolation: str = "bilinear"
 ) -> np.ndarray:
     """The image at `path` resized to `size` (height, width), float32 in [0, 255]."""
     name = interpolation.upper()
-    image_module = _pillow()
+    image_module = pillow_module()
     resample = getattr(image_module.Resampling, name, None)
     if resample is None:
         raise ValueError(

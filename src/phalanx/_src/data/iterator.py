@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
 from phalanx._src.data import executors, index_ops, plan, stream
 from phalanx._src.strategy.optional import Optional
-
-if TYPE_CHECKING:
-    from phalanx._src.data.dataset import Dataset
 
 _STATE_KEYS = frozenset({"epoch", "step", "seeds"})
 _STREAM_STATE_KEYS = _STATE_KEYS | {"cursor"}  # a streaming pipeline's counters (stream.py)
@@ -47,7 +44,8 @@ class DatasetIterator:
 
     checkpointable = True
 
-    def __init__(self, dataset: Dataset, epoch: int):
+    def __init__(self, dataset: Any, epoch: int):
+        # `dataset`: the `Dataset` (not imported: the builder imports this module).
         self._dataset = dataset
         self._node = dataset._node
         self._epoch = epoch

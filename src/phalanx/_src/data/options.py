@@ -6,14 +6,17 @@ What each option does here:
 - `threading.private_threadpool_size` (0: the CPU count): the most workers AUTOTUNE tries.
 - `deterministic` / `experimental_deterministic`: accepted; phalanx pipelines are always
   deterministic (elements come back in order, whatever computes them).
-- `experimental_distribute.auto_shard_policy`: phalanx never shards a dataset by files or
-  elements across processes. Every process builds the same pipeline and keeps only its own
-  rows of each global batch (`Dataset.process_split`, which fit and
-  `experimental_distribute_dataset` apply): the global batches are those of one process,
-  whatever the process count. That is what DATA gives in tf.data, without each process
-  decoding the other processes' rows. Every policy gets it: FILE does not assign files
-  to processes, and OFF does not make every process train on the same rows. To shard by
-  hand, use `shard()` inside `distribute_datasets_from_function`'s input function.
+- `experimental_distribute.auto_shard_policy`: for a pipeline over TFRecord files
+  (`TFRecordDataset`), as tf.data: AUTO gives each process its files when there are at
+  least as many files as processes, else its records; FILE and DATA force one; OFF reads
+  every record on every process (see `records/record_files.py`). Any other pipeline is never
+  sharded by files or elements: every process builds the same pipeline and keeps only its
+  own rows of each global batch (`Dataset.process_split`, which fit and
+  `experimental_distribute_dataset` apply), so the global batches are those of one
+  process, whatever the process count. That is what DATA gives in tf.data, without each
+  process decoding the other processes' rows; OFF does not make every process train on
+  the same rows. To shard by hand, use `shard()` inside
+  `distribute_datasets_from_function`'s input function.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import dataclasses
 import enum
 from typing import Any, ClassVar
 
+import jax
 import numpy as np
+
+from phalanx._src.data.validation import host_array
 
 
 class AutoShardPolicy(enum.IntEnum):
@@ -168,7 +174,10 @@ class TensorSpec:
                     f"got {self.shape!r}"
                 ) from None
             object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        dtype = np.dtype(self.dtype)
+        # Strings live in object arrays on the host (`validation.host_array`), so `str`,
+        # `bytes` and NumPy's `U`/`S` all name the one string dtype, as tf.string does.
+        object.__setattr__(self, "dtype", np.dtype(object) if dtype.kind in "US" else dtype)
 
     def is_compatible_with(self, value: Any) -> bool:
         """Whether an array (or another TensorSpec) has this rank, these sizes and dtype."""
@@ -183,9 +192,37 @@ class TensorSpec:
 
 
 def spec_of(value: Any, batched_unknown: bool = False) -> TensorSpec:
-    """The TensorSpec of an array; with `batched_unknown`, its first dimension is None."""
-    array = np.asarray(value)
+    """The TensorSpec of an array; with `batched_unknown`, its first dimension is None.
+
+    A string leaf (a Python str or bytes, or a batch of them) has dtype object, as the
+    host pipeline holds it (`validation.host_array`).
+    """
+    array = host_array(value)
     shape = tuple(array.shape)
     if batched_unknown and shape:
         shape = (None, *shape[1:])
     return TensorSpec(shape, array.dtype)
+
+
+def check_signature(signature: Any, element: Any) -> Any:
+    """`element` converted to `signature`'s dtypes, or a ValueError naming the mismatch."""
+    specs, treedef = jax.tree.flatten(signature, is_leaf=lambda s: isinstance(s, TensorSpec))
+    try:
+        leaves = treedef.flatten_up_to(element)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"the generator yielded {element!r}, whose structure does not match "
+            f"output_signature {signature!r}"
+        ) from None
+    out = []
+    for spec, leaf in zip(specs, leaves, strict=True):
+        array = host_array(leaf)
+        if np.can_cast(array.dtype, spec.dtype, "same_kind"):
+            array = array.astype(spec.dtype, copy=False)
+        if not spec.is_compatible_with(array):
+            raise ValueError(
+                f"the generator yielded an array of shape {array.shape} and dtype "
+                f"{array.dtype} where output_signature says {spec}"
+            )
+        out.append(array)
+    return treedef.unflatten(out)

@@ -44,6 +44,17 @@ def _is_checkpointable(iterator: Any) -> bool:
     )
 
 
+def _checked(put_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`put_fn` behind the device boundary's check: strings and Python objects are legal on
+    the host, but a batch holding them gets a clear error here instead of one from XLA."""
+
+    def put(batch: Any) -> Any:
+        validation.check_device_batch(batch, "DevicePrefetcher's put_fn input")
+        return put_fn(batch)
+
+    return put
+
+
 class DevicePrefetcher:
     """Iterates `put_fn(batch)` for every batch of `iterable`, prepared ahead of use.
 
@@ -93,7 +104,7 @@ class DevicePrefetcher:
             device_depth, "device_depth", "device_depth=2"
         )
         self._source = iter(iterable)
-        self._put = put_fn if put_fn is not None else (lambda batch: batch)
+        self._put = _checked(put_fn) if put_fn is not None else (lambda batch: batch)
         self._put_in_thread = put_in_thread
         self._checkpointable = _is_checkpointable(self._source)
         self._state = self._source.get_state() if self._checkpointable else None

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from phalanx._src.data import validation
+from phalanx._src.data.options import check_signature
 from phalanx._src.data.plan import Key, Node
 
 _ROW_CHUNK = 256  # rows a RandomCursor fetches at once: one gather instead of 256
@@ -141,8 +142,6 @@ class _GeneratorCursor:
     def __next__(self) -> Any:
         element = next(self._it)
         if self.signature is not None:
-            from phalanx._src.data.dataset_tf import check_signature
-
             element = check_signature(self.signature, element)
         element = validation.to_numpy_tree(element, "generator output")
         self.produced += 1

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from phalanx._src.data import validation
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.stream import Stream, _Cursor, _get, call, open_node
 from phalanx._src.strategy.layout import ceil_split
@@ -43,7 +44,7 @@ class StreamBatch(Stream):
         values = self._values(treedef) if self.pad else [0] * len(leaves0)
         out = []
         for i, (shape, value) in enumerate(zip(shapes, values, strict=True)):
-            rows = [np.asarray(column[i]) for column in columns]
+            rows = [validation.host_array(column[i]) for column in columns]
             if not self.pad:
                 found = sorted({r.shape for r in rows})
                 if len(found) > 1:
@@ -51,9 +52,9 @@ class StreamBatch(Stream):
                         f"batch() got elements of different shapes {found} in leaf {i}; use "
                         "padded_batch() to pad them to a common shape"
                     )
-                out.append(np.stack(rows))
+                out.append(validation.stack(rows))
                 continue
-            out.append(np.stack([self._pad(r, shape, value, rows) for r in rows]))
+            out.append(validation.stack([self._pad(r, shape, value, rows) for r in rows]))
         batch = treedef.unflatten(out)
         if self.split is not None:
             index, count = self.split
@@ -91,6 +92,14 @@ class StreamBatch(Stream):
             )
         if row.ndim == 0:
             return row
+        if row.dtype.kind == "O":
+            # Strings pad with "" (b"" for bytes), as tf.data pads tf.string; np.pad would
+            # turn the padding into NumPy scalars.
+            if value == 0:
+                value = b"" if row.size and isinstance(row.flat[0], bytes) else ""
+            out = np.full(tuple(longest), value, dtype=object)
+            out[tuple(slice(0, n) for n in row.shape)] = row
+            return out
         widths = [(0, t - n) for t, n in zip(longest, row.shape, strict=True)]
         return np.pad(row, widths, constant_values=np.asarray(value, row.dtype))
 
@@ -174,10 +183,10 @@ class _UnbatchCursor(_Inside):
 
 
 def _dataset_cursor(fn: Callable[..., Any], element: Any, state: dict | None) -> Any:
-    from phalanx._src.data.dataset import Dataset
-
     dataset = call(fn, element)
-    if not isinstance(dataset, Dataset):
+    # A Dataset is known by its plan, not by its class: this module is one of the nodes the
+    # Dataset builder imports, so it must not import the builder back.
+    if not isinstance(getattr(dataset, "_node", None), Node):
         raise TypeError(
             f"the function must return a phalanx.data.Dataset, got {type(dataset).__name__}; "
             "wrap arrays with Dataset.from_tensor_slices"

@@ -129,6 +129,14 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
                 if pending is None or pending[0] != (key, step):
                     leaves, treedef = jax.tree.flatten(plan.element(root, key, step))
                     leaves = [np.ascontiguousarray(leaf) for leaf in leaves]
+                    if any(leaf.dtype.kind in "OSU" for leaf in leaves):
+                        # Shared memory would carry this process's pointers (a crash), and
+                        # NumPy's fixed-width strings drop trailing NUL bytes.
+                        raise TypeError(
+                            "a map in worker processes returned strings or Python objects "
+                            "(an object array), which shared memory cannot carry; turn them "
+                            "into numbers inside the map, or use workers='thread'"
+                        )
                     pending = ((key, step), leaves, treedef)
                 _, leaves, treedef = pending
                 offsets, need = _layout(leaves)

@@ -10,10 +10,20 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# Speed and utilisation logs describe the machine, not the model's learning; they are not
-# drawn unless asked for by name.
+# Speed, utilisation and transfer logs describe the machine, not the model's learning; they
+# are not drawn unless asked for by name.
 SPEED_KEYS = frozenset(
-    {"examples_per_second", "input_wait_fraction", "model_tflops_per_second", "mfu", "lr"}
+    {
+        "examples_per_second",
+        "input_wait_fraction",
+        "model_tflops_per_second",
+        "mfu",
+        "lr",
+        "host_to_device_mib",
+        "host_to_device_arrays",
+        "device_to_host_mib",
+        "device_to_host_arrays",
+    }
 )
 
 

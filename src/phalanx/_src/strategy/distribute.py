@@ -11,11 +11,20 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from phalanx._src.strategy import layout
+from phalanx._src.strategy import layout, padding
 from phalanx._src.strategy.values import DISTRIBUTED, attach_mask
 
 if TYPE_CHECKING:
-    from phalanx._src.strategy.strategy import Strategy
+    from phalanx._src.strategy.base import StrategyLike
+
+
+class ValueContext:
+    """What `experimental_distribute_values_from_function`'s `value_fn` is given, as TF's
+    `tf.distribute.experimental.ValueContext`: the replica's index and the replica count."""
+
+    def __init__(self, replica_id: int, num_replicas: int) -> None:
+        self.replica_id_in_sync_group = replica_id
+        self.num_replicas_in_sync = num_replicas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +159,7 @@ class BatchDistributor:
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: StrategyLike,
         *,
         global_batch_size: int | None = None,
         drop_remainder: bool = False,
@@ -247,7 +256,9 @@ class BatchDistributor:
 
     def _mask(self, mask: np.ndarray, sharding: Any) -> jax.Array:
         if not mask.all():
-            return self._global(mask, sharding, ())
+            padded = self._global(mask, sharding, ())
+            padding.note(padded, mask)  # for the custom loop's warning (padding.py)
+            return padded
         if self._full_mask is None:
             self._full_mask = self._global(mask, sharding, ())
         return self._full_mask

@@ -10,25 +10,28 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from phalanx._src.data.keras_input import KerasInput
+from phalanx._src.data.validation import check_device_batch
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.strategy.optional import Optional
 
 if TYPE_CHECKING:
-    from phalanx._src.strategy.strategy import Strategy
+    from phalanx._src.strategy.base import StrategyLike
 
 
-class DistributedDataset:
+class DistributedDataset(KerasInput):
     """An iterable of global batches made from a process-local iterable of host batches.
 
     Returned by `strategy.experimental_distribute_dataset` (alias `strategy.distribute`).
     Iterating yields the dataset's own structure (tuple, dict, ...) of global `jax.Array`s
     sharded along the data axis; a partial last batch is padded to the compiled shape and its
-    mask travels with it (`phalanx.get_batch_mask(batch)` reads it).
+    mask travels with it (`phalanx.get_batch_mask(batch)` reads it). Plain Keras 3 takes it
+    as `x` and reads the dataset it distributes (`keras_input.py`).
     """
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: StrategyLike,
         make_iterable: Callable[[], Iterable[Any]],
         *,
         global_batch_size: int | None = None,
@@ -45,6 +48,9 @@ class DistributedDataset:
 
     def __iter__(self) -> Iterator[Any]:
         return DistributedIterator(iter(self._make_iterable()), self._distributor)
+
+    def _keras_batches(self) -> Any:
+        return self._source if isinstance(self._source, KerasInput) else None
 
     @property
     def element_spec(self) -> Any:
@@ -121,7 +127,10 @@ class DistributedIterator:
         return self
 
     def __next__(self) -> Any:
-        return self._distributor(next(self._source))
+        batch = next(self._source)
+        # The device boundary: a host pipeline may carry strings, a global array may not.
+        check_device_batch(batch, "a batch of the distributed dataset")
+        return self._distributor(batch)
 
     def get_next(self) -> Any:
         """The next global batch, as TF's `iterator.get_next()` (StopIteration at the end)."""

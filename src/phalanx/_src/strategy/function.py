@@ -21,7 +21,7 @@ import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from phalanx._src.strategy import lifting
+from phalanx._src.strategy import lifting, padding
 from phalanx._src.strategy.values import DISTRIBUTED, MIRRORED
 
 _ARRAY = (jax.Array, np.ndarray, np.generic)
@@ -92,6 +92,7 @@ class _Traced:
         self.sig = signature
         self.out_treedef: Any = None
         self.mirrored: list[bool] = []
+        self.ignoring_mask: list[Callable] = []  # steps run without the mask (padding.py)
         self.call = jax.jit(self._body)
 
     def _body(self, state: Any, arrays: list, masks: list) -> Any:
@@ -115,7 +116,10 @@ class _Traced:
                 DISTRIBUTED.register(array, mask)
         args, kwargs = jax.tree.unflatten(sig.treedef, leaves)
         copies = [merged[i] for i in sig.lifted_index]
-        with lifting.redirected(sig.found, copies, f"phalanx.function {self.function.__name__}"):
+        with (
+            lifting.redirected(sig.found, copies, f"phalanx.function {self.function.__name__}"),
+            padding.collecting() as self.ignoring_mask,
+        ):
             out = self.function.python_function(*args, **kwargs)
         out_leaves, self.out_treedef = jax.tree.flatten(out)
         for leaf in out_leaves:
@@ -170,6 +174,8 @@ class Function:
             raise clear from error
         if sig.nodes:
             nnx.update(sig.nodes, new_state)
+        if traced.ignoring_mask:
+            padding.warn_for(traced.ignoring_mask, [m for m in sig.masks if m is not None])
         for leaf, mirrored in zip(out_leaves, traced.mirrored, strict=True):
             if mirrored:
                 MIRRORED.register(leaf)

@@ -39,7 +39,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from phalanx._src.strategy import aggregation, gradients, replica_context
+from phalanx._src.strategy import aggregation, gradients, keras_losses, replica_context
 
 
 class KerasValue(nnx.Variable):
@@ -161,6 +161,11 @@ class KerasState:
         _check_built(keras, objects, labels, what)
         self.optimizers = [o for o in objects if isinstance(o, keras.optimizers.Optimizer)]
         self.metrics = [o for o in objects if isinstance(o, keras.metrics.Metric)]
+        self.layers = [
+            (o, label)
+            for o, label in zip(objects, labels, strict=True)
+            if isinstance(o, keras.Layer)
+        ]
         self.variables: list[Any] = []
         carried: list[KerasValue] = []
         seen: set[int] = set()
@@ -185,6 +190,7 @@ class KerasState:
             _scope_class()(mapping, self.what) as scope,
             _summing(self.optimizers),
             _masking(self.metrics),
+            keras_losses.carried(self.layers, self.what, scope),
         ):
             yield
         for variable, value in zip(self.variables, values, strict=True):

@@ -12,7 +12,7 @@ from phalanx._src.strategy.reduce_op import ReduceOp
 from phalanx._src.strategy.values import DISTRIBUTED, MIRRORED, PerReplica, unmask
 
 if TYPE_CHECKING:
-    from phalanx._src.strategy.strategy import Strategy
+    from phalanx._src.strategy.base import StrategyLike
 
 
 def _safe_div(total: jax.Array, count: jax.Array) -> jax.Array:
@@ -52,7 +52,7 @@ def _reduce_stacked(stacked: jax.Array, mask: jax.Array | None, op: ReduceOp, ax
     return _safe_div(total, count)
 
 
-def _as_per_replica(strategy: Strategy, value: Any) -> PerReplica | None:
+def _as_per_replica(strategy: StrategyLike, value: Any) -> PerReplica | None:
     if isinstance(value, PerReplica):
         return value
     mask = DISTRIBUTED.mask_of(value)
@@ -63,7 +63,7 @@ def _as_per_replica(strategy: Strategy, value: Any) -> PerReplica | None:
     return PerReplica(stacked, mask.reshape(replicas, -1))
 
 
-def reduce(strategy: Strategy, reduce_op: ReduceOp | str, value: Any, axis: int | None) -> Any:
+def reduce(strategy: StrategyLike, reduce_op: ReduceOp | str, value: Any, axis: int | None) -> Any:
     """See `Strategy.reduce`."""
     op = ReduceOp.parse(reduce_op)
     if axis is not None and not isinstance(axis, int):
@@ -84,7 +84,7 @@ def reduce(strategy: Strategy, reduce_op: ReduceOp | str, value: Any, axis: int 
 
 
 def _reduce_mirrored(
-    strategy: Strategy, op: ReduceOp, value: jax.Array, axis: int | None, mirrored: bool
+    strategy: StrategyLike, op: ReduceOp, value: jax.Array, axis: int | None, mirrored: bool
 ) -> Any:
     """A value that is not per-replica is the same on every replica.
 

@@ -15,7 +15,7 @@ from phalanx._src.strategy import state
 from phalanx._src.strategy.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from phalanx._src.strategy.strategy import Strategy
+    from phalanx._src.strategy.base import StrategyLike
 
 _CURRENT: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
     "phalanx_replica_context", default=None
@@ -37,15 +37,16 @@ class ReplicaContext:
     """
 
     def __init__(
-        self, strategy: Strategy, axis_name: str | None, mask: jax.Array | None = None
+        self, strategy: StrategyLike, axis_name: str | None, mask: jax.Array | None = None
     ) -> None:
         self._strategy = strategy
         self._axis_name = axis_name
         self._mask = mask
         self._active = True
+        self.mask_read = False  # whether the step consulted the mask (padding.py)
 
     @property
-    def strategy(self) -> Strategy:
+    def strategy(self) -> StrategyLike:
         return self._strategy
 
     @property
@@ -64,6 +65,7 @@ class ReplicaContext:
     @property
     def mask(self) -> jax.Array | None:
         """This replica's validity mask for the batch rows (True = real example), or None."""
+        self.mask_read = True
         return self._mask
 
     def all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:
@@ -143,9 +145,7 @@ def get_replica_context() -> ReplicaContext | None:
         return current
     if state.STACK.current() is not None:
         return None
-    from phalanx._src.strategy.strategy import get_strategy
-
-    return ReplicaContext(get_strategy(), axis_name=None)
+    return ReplicaContext(state.default_strategy(), axis_name=None)
 
 
 def in_replica_fn() -> bool:

@@ -47,7 +47,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from phalanx._src.strategy import aggregation, gradients, lifting
+from phalanx._src.strategy import aggregation, gradients, lifting, missing_keys, padding
 from phalanx._src.strategy.replica_context import ReplicaContext, replica_scope
 from phalanx._src.strategy.values import (
     DISTRIBUTED,
@@ -59,7 +59,7 @@ from phalanx._src.strategy.values import (
 )
 
 if TYPE_CHECKING:
-    from phalanx._src.strategy.strategy import Strategy
+    from phalanx._src.strategy.base import StrategyLike
 
 _DATA, _REPLICATED, _PER_REPLICA, _NODE, _STATIC = "data", "replicated", "per_replica", "node", ""
 
@@ -130,7 +130,7 @@ def _to_varying(x: jax.Array, axis: str) -> jax.Array:
 class _Plan:
     """How one call's arguments enter the replica function; hashable for the compile cache."""
 
-    def __init__(self, strategy: Strategy, fn: Callable, args: tuple, kwargs: dict) -> None:
+    def __init__(self, strategy: StrategyLike, fn: Callable, args: tuple, kwargs: dict) -> None:
         data_ids: set[int] = set()
 
         def strip(node: Any) -> Any:
@@ -239,9 +239,10 @@ def _variables(state: Any) -> list[nnx.Variable]:
 class _Compiled:
     """The jitted shard_map of one replica function for one argument plan."""
 
-    def __init__(self, strategy: Strategy, fn: Callable, plan: _Plan) -> None:
+    def __init__(self, strategy: StrategyLike, fn: Callable, plan: _Plan) -> None:
         self.strategy = strategy
         self.fn = fn
+        self.name = getattr(fn, "__qualname__", None) or repr(fn)
         self.treedef = plan.treedef
         self.kinds = plan.kinds
         self.statics = plan.statics
@@ -250,6 +251,7 @@ class _Compiled:
         self.num_arg_nodes = plan.num_arg_nodes
         self.lifted_index = plan.lifted_index
         self.has_mask = plan.mask is not None
+        self.reads_mask = False  # set by the probe: does the step leave padding out?
         self.var_types = [type(v) for v in _variables(plan.node_state)] if plan.nodes else []
         self.out_varying: list[bool] | None = None
         self.out_treedef = None
@@ -293,7 +295,11 @@ class _Compiled:
                     leaves.append(_to_varying(jnp.asarray(next(arrays)), axis))
             args, kwargs = jax.tree.unflatten(self.treedef, leaves)
             context = ReplicaContext(self.strategy, axis, mask)
-            with replica_scope(context), lifting.redirected(self.found, copies, "strategy.run"):
+            with (
+                replica_scope(context),
+                lifting.redirected(self.found, copies, "strategy.run"),
+                missing_keys.naming_keys((args, kwargs), f"strategy.run({self.name})"),
+            ):
                 out = self.fn(*args, **kwargs)
             _check_outputs(out)
             out_leaves, out_treedef = jax.tree.flatten(out)
@@ -311,6 +317,12 @@ class _Compiled:
                 for var, value in zip(new_vars, values, strict=True):
                     var.set_value(value)
             if probe:
+                # Rows returned as rows keep their mask (PerReplica): the step is padding-safe.
+                rows = None if mask is None else mask.shape[0]
+                per_row = bool(out_leaves) and all(
+                    x.ndim and x.shape[0] == rows for x in out_leaves
+                )
+                self.reads_mask = context.mask_read or per_row
                 self.out_treedef = out_treedef
                 self.out_varying = [_is_varying(x, axis) for x in out_leaves]
                 return [_to_varying(x, axis)[None] for x in out_leaves], new_state
@@ -342,7 +354,7 @@ class _Compiled:
         jax.eval_shape(self._shard_mapped(probe=True), plan.node_state, plan.arrays, plan.mask)
 
 
-def run(strategy: Strategy, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+def run(strategy: StrategyLike, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
     """Runs `fn(*args, **kwargs)` once per replica; see the module docstring."""
     if not callable(fn):
         raise TypeError(f"strategy.run needs a function, got {fn!r}")
@@ -379,6 +391,8 @@ def run(strategy: Strategy, fn: Callable, args: tuple = (), kwargs: dict | None 
             raise clear from error
         strategy._run_cache[key] = compiled
     compiled.found = plan.found  # the slots to redirect if jit traces the step again
+    if plan.mask is not None and not compiled.reads_mask:
+        padding.step_ignores_mask(fn, plan.mask)
     stacked, new_state = compiled.call(plan.node_state, plan.arrays, plan.mask)
     if plan.nodes:
         try:

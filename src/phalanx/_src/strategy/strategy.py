@@ -12,12 +12,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from phalanx._src.strategy import annotations, device_strings, state
+from phalanx._src.strategy import annotations, communication, device_strings, state
 from phalanx._src.strategy import mesh as mesh_lib
 from phalanx._src.strategy import reduce as reduce_lib
 from phalanx._src.strategy import run as run_lib
 from phalanx._src.strategy import sharding as sharding_lib
-from phalanx._src.strategy.distribute import InputContext, check_dataset
+from phalanx._src.strategy.distribute import InputContext, ValueContext, check_dataset
 from phalanx._src.strategy.distributed_input import DistributedDataset, PerReplicaBatches
 from phalanx._src.strategy.reduce_op import ReduceOp
 from phalanx._src.strategy.values import PerReplica, local_results
@@ -52,15 +52,17 @@ class Strategy:
         copy on every replica. 'zero1': optimizer state sharded over the replicas (ZeRO-1).
         'fsdp': parameters sharded too, gathered where used (FSDP / ZeRO-3). Same numbers
         in every mode. Both shard over the data axis, on top of `model_parallel`.
-      cross_device_ops: accepted for TF code (`tf.distribute.NcclAllReduce()`,
-        `HierarchicalCopyAllReduce()`...) and kept as `cross_device_ops`; it changes
-        nothing: XLA picks the collective for the platform and topology (NCCL on GPUs, the
-        ICI on TPUs, Gloo across CPU processes).
+      cross_device_ops: `phalanx.NcclAllReduce()`, `HierarchicalCopyAllReduce()`,
+        `ReductionToOneDevice()` (or TF's), kept as `cross_device_ops`.
+      communication_options: `phalanx.experimental.CommunicationOptions(...)`, kept as
+        `communication_options`. Neither changes anything: XLA picks the collective on
+        every platform (NCCL on GPUs, ICI on TPUs, Gloo across CPU processes).
 
     Raises:
       ValueError: for no devices, a repeated device, a device string naming no device,
         devices of several platforms, an unknown `state_sharding`, malformed `axis_rules`,
         or a `model_parallel` that does not divide the devices.
+      TypeError: a `cross_device_ops` or `communication_options` of another kind.
 
     Example:
       >>> strategy = phalanx.Strategy()
@@ -82,9 +84,13 @@ class Strategy:
         axis_rules: Sequence[tuple[str, Any]] | None = None,
         state_sharding: str = "replicated",
         cross_device_ops: Any = None,
+        communication_options: Any = None,
     ):
         self._state_sharding = sharding_lib.check_mode(state_sharding)
-        self.cross_device_ops = cross_device_ops  # XLA chooses the all-reduce; see Args
+        self.cross_device_ops = communication.check_cross_device_ops(cross_device_ops)
+        self.communication_options = communication.check_communication_options(
+            communication_options
+        )
         devices = device_strings.resolve(devices)
         if not devices:
             raise ValueError("Strategy needs at least one device; got an empty list")
@@ -338,7 +344,7 @@ class Strategy:
           >>> strategy.reduce("sum", v, axis=None)   # [4, 6, 8, 10] on 2 replicas
         """
         values = [
-            value_fn(_ValueContext(r, self.num_replicas_in_sync))
+            value_fn(ValueContext(r, self.num_replicas_in_sync))
             for r in range(self.num_replicas_in_sync)
         ]
         sharding = self.data_sharding
@@ -416,12 +422,6 @@ class Strategy:
         return local_results(value, self.num_replicas_in_sync, first, self.num_local_replicas)
 
 
-class _ValueContext:
-    def __init__(self, replica_id: int, num_replicas: int) -> None:
-        self.replica_id_in_sync_group = replica_id
-        self.num_replicas_in_sync = num_replicas
-
-
 _DEFAULT: dict[str, Strategy] = {}
 
 
@@ -438,6 +438,9 @@ def get_strategy() -> Strategy:
     if "default" not in _DEFAULT:
         _DEFAULT["default"] = Strategy(devices=jax.local_devices()[:1])
     return _DEFAULT["default"]
+
+
+state.provide_default(get_strategy)  # for the replica context outside any scope
 
 
 def has_strategy() -> bool:

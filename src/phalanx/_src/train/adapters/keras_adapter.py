@@ -51,6 +51,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from phalanx._src.strategy import missing_keys
 from phalanx._src.strategy.annotations import AxisRules
 from phalanx._src.train.adapters import keras_loss
 from phalanx._src.train.api import precision
@@ -280,6 +281,7 @@ class KerasAdapter:
             _compute_dtype(self.model, policy),
             _masked_batch_norm(self.model, mask if training else None),
             _masked_activity_regularizers(self.model, mask),
+            missing_keys.naming_keys(inputs, f"the model ({type(self.model).__name__})"),
         ):
             outputs, new_state, losses = self.model.stateless_call(
                 _arrays(params), _arrays(state), inputs, return_losses=True, **kwargs

@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from phalanx._src.strategy import missing_keys
+
 # The batch mask of the step being traced, read by the BatchNorms of the merged module.
 _BATCH_MASK: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar(
     "phalanx_batch_mask", default=None
@@ -187,12 +189,14 @@ class NNXAdapter:
         module = nnx.merge(
             self._graphdefs[training], policy.cast_to_compute(params), state, copy=True
         )
+        reading = missing_keys.naming_keys(inputs, f"the model ({type(self.model).__name__})")
         if not training:
-            return module(policy.cast_to_compute(inputs)), state
+            with reading:
+                return module(policy.cast_to_compute(inputs)), state
         for _, sub in nnx.iter_modules(module):
             if isinstance(sub, nnx.BatchNorm):
                 sub.__class__ = _masked_class(type(sub))
-        with _batch_mask(mask):
+        with _batch_mask(mask), reading:
             outputs = module(policy.cast_to_compute(inputs))
         return outputs, nnx.state(module, nnx.Not(nnx.Param))
 

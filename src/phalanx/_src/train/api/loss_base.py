@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from phalanx._src.train.api.reduction import Reduction
+
 # Keras's `backend.epsilon()`: probabilities are clipped to [EPSILON, 1 - EPSILON] before log.
 EPSILON = 1e-7
 
@@ -171,12 +173,14 @@ class Loss:
 def _check_reduction(reduction: Any, name: str) -> str:
     if reduction is None:
         return "none"
+    if reduction is Reduction.AUTO:  # TF's name; Keras 3's string 'auto' stays refused
+        return "sum_over_batch_size"  # as TF's AUTO outside a strategy (reduction.py)
     if isinstance(reduction, str) and reduction.lower() in REDUCTIONS:
-        return reduction.lower()
+        return str(reduction.lower())
     raise ValueError(
         f"loss {name!r} got reduction={reduction!r}; legal values are {list(REDUCTIONS)} or "
-        "None (Keras 3's names; TF's Reduction.NONE / SUM / SUM_OVER_BATCH_SIZE are 'none', "
-        "'sum', 'sum_over_batch_size'), e.g. reduction='none' for a custom training loop"
+        "None, or phalanx.losses.Reduction.NONE / SUM / SUM_OVER_BATCH_SIZE / AUTO (TF's "
+        "names), e.g. reduction='none' for a custom training loop"
     )
 
 

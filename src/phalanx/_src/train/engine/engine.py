@@ -8,7 +8,8 @@ the feeders, the checkpoints and the callbacks reach it only through the methods
 - the compiled functions and what was learned about them (`memo`, `cache`), dropped when
   `build` lays out a new state;
 - fit's position (`position`: epoch, steps done, data position, a resume point), the
-  step hooks (`add_step_hook`), the trained-step count and the stop flag.
+  step hooks (`add_step_hook`), the trained-step count and the stop flag;
+- the ledger of host <-> device transfers (`transfers`, see `transfers.py`).
 
 Example:
   >>> engine = model.engine                 # after model.compile(...)
@@ -32,6 +33,7 @@ from phalanx._src.train.adapters.protocol import ModelAdapter
 from phalanx._src.train.api.precision import Policy
 from phalanx._src.train.engine.packing import Packing
 from phalanx._src.train.engine.step import Steps, log_values
+from phalanx._src.train.engine.transfers import Transfers
 
 
 @dataclasses.dataclass
@@ -93,6 +95,7 @@ class Engine:
         self.train_step_count = 0  # batches trained on by fit, over all calls
         self.stop_training = False
         self.last_logs: Any = None  # the log values of the current metric sums, on device
+        self.transfers = Transfers()  # what crossed between host and devices (the ledger)
         self._step_hooks: list[Callable[[int, Any], None]] = []
         self._tree: dict | None = None
         self._leaves: list | None = None
@@ -213,7 +216,7 @@ class Engine:
             zeros = [
                 jnp.zeros_like(m)
                 if getattr(m, "weak_type", False)
-                else _replicate(np.zeros(m.shape, m.dtype), repl)
+                else self.transfers.placed(_replicate(np.zeros(m.shape, m.dtype), repl))
                 for m in leaves[:n]
             ]
             made = self.cache["zero_metrics"] = (packing, zeros)
@@ -231,6 +234,7 @@ class Engine:
             graphdef = self.steps.metrics_graphdef
             fn = self.memo("logs", lambda: jax.jit(lambda m: log_values(graphdef, m)))
             values = fn(self.state["metrics"])
+        self.transfers.read(values)
         for value in values[1:]:
             value.copy_to_host_async()  # the copies overlap; float() waits for each
         return {name: float(v) for name, v in zip(self.log_names, values, strict=True)}

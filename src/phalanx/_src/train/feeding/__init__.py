@@ -1,7 +1,8 @@
 """Feeding: a batch's way from the user's data to a compiled call's input.
 
 - `sources`: Keras's inputs as host batches; in-memory data kept on the devices
-  (`device_data`), so that only row numbers cross from the host.
+  (`device_data`), so that only row numbers cross from the host; in-order batches of it
+  as blocks of one placement (`blocks`), reused by the next call when safe (`reuse`).
 - `batches.Groups`: a host iterator's batches, K at a time (one call's worth).
 - `feeders`: the `Feeder` protocol and its two feeders, `HostFeeder` (host batches, ahead
   in a thread) and `ResidentFeeder` (device-resident data, a fill at a time in the loop's

@@ -6,6 +6,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from phalanx._src.data import validation
+
 
 class Groups:
     """Groups of up to K host batches, at most `limit` batches in all (None: to the end)."""
@@ -24,10 +26,13 @@ class Groups:
         group: list[Any] = []
         while len(group) < self.k and (self._left is None or self._left > 0):
             try:
-                group.append(next(self._source))
+                batch = next(self._source)
             except StopIteration:
                 self.exhausted = True
                 break
+            # The device boundary: strings are fine in the host pipeline, not in a step.
+            validation.check_device_batch(batch, "a batch going to the model")
+            group.append(batch)
             if self._left is not None:
                 self._left -= 1
         if not group:

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from phalanx._src.train.feeding.inputs import FromTable, Resident, Table, zero_c
 
 if TYPE_CHECKING:
     from phalanx._src.train.engine.engine import Engine
-    from phalanx._src.train.feeding.device_data import Blocks
+    from phalanx._src.train.feeding.blocks import Blocks
 
 
 class Runner:
@@ -54,6 +55,11 @@ class Runner:
         self.source = source  # the `device_data.Source` the batches index into, or None
         self.blocks = blocks  # the source cut into whole batches in order, for training calls
         self.mode: str | None = None if k > 1 else execution.LOOP
+        # What this runner places counts for the ledger's window when it was made (its
+        # epoch), even when a prefetch thread places it after the loop moved on.
+        self._ledger = engine.transfers
+        self.window = engine.transfers.current
+        self._masks: dict[int, jax.Array] = {}  # masks recorded: a reused one crosses once
         self._table: Table | None = None
         self._cursor: jax.Array | None = None
         self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state packing, call)
@@ -65,7 +71,7 @@ class Runner:
         if self.mode is None:
             self.mode = self.engine.cache.get("mode")
         if self.mode is None:
-            batch, mask = self.distributor.arrays(group[0])
+            batch, mask = self._placed(self.distributor.arrays(group[0]))
             spec = None if self.source is None else self.source.spec
             self.mode = execution.choose_mode(self.engine, spec, batch, mask)
 
@@ -73,15 +79,23 @@ class Runner:
         """Device input for a group of up to K host batches (runs in the consumer thread)."""
         self.prepare(group)
         if self._scans(group):
-            batch, mask = self.distributor.stacked(group, self.k)
+            batch, mask = self._placed(self.distributor.stacked(group, self.k))
             return execution.SCAN, (batch, None if self._full([group]) else mask), len(group)
-        calls = [self.distributor.arrays(b) for b in group]
+        calls = [self._placed(self.distributor.arrays(b)) for b in group]
         if (
             self.mode == execution.LOOP
         ):  # (a short group of a scan keeps its masks: one compilation)
             full = [self._full([[b]]) for b in group]
             calls = [(b, None if f else m) for (b, m), f in zip(calls, full, strict=True)]
         return execution.LOOP, calls, len(group)
+
+    def _recorder(self) -> Callable[[Any], Any]:
+        """Records what the source or blocks place, for this runner's ledger window."""
+        return functools.partial(self._ledger.placed, into=self.window)
+
+    def _placed(self, placed: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+        """Records a `(batch, mask)` the distributor just placed (a reused mask once)."""
+        return self._ledger.placed_pair(placed, self._masks, self.window)
 
     def _full(self, groups: list[list[Any]]) -> bool:
         """Whether training may drop the mask of these batches' calls (`Steps.train`)."""
@@ -104,21 +118,21 @@ class Runner:
     def _table_calls(self) -> int:
         return self.table_groups() * (1 if self.mode == execution.SCAN else self.k)
 
-    def put_table(self, groups: list[list[Any]]) -> list[tuple[str, FromTable, int]]:
-        """Items for groups of row-number batches, their inputs sent in one `Table`."""
+    def put_table(self, groups: list[list[Any]]) -> list[tuple[str, Any, int]]:
+        """Items for groups of row-number batches: blocks in order (`Blocks`) where every
+        batch is one, else their inputs sent in one `Table`."""
         self.prepare(groups[0])
         many = self.mode == execution.SCAN
+        resident = self._resident(groups, many)
+        if resident is not None:
+            return resident
         tabled = [group for group in groups if self._scans(group) or not many]
         if not tabled:  # one short group: single calls
             return [self.put(groups[0])]
-        # Only a last group can be short, and only a last batch partial: whole blocks before
-        # it still train on their blocks, and it runs on its own.
-        whole = tabled if many or self._full(tabled[-1:]) else tabled[:-1]
-        resident = self._resident(whole, many) if whole else None
-        if resident is not None:
-            return resident + [self.put(group) for group in groups[len(whole) :]]
         entries = tabled if many else [[batch] for group in tabled for batch in group]
-        batch, mask = self.distributor.table(entries, self.k if many else None, self._table_calls())
+        batch, mask = self._placed(
+            self.distributor.table(entries, self.k if many else None, self._table_calls())
+        )
         table = Table(batch, mask, zero_cursor(self.engine))
         items = [
             (
@@ -140,41 +154,56 @@ class Runner:
     def _resident(
         self, groups: list[list[Any]], many: bool
     ) -> list[tuple[str, Resident, int]] | None:
-        """Training calls on `Blocks` when every batch is a whole block, else None: one
-        `(K, rows, ...)` block per scanned group, or one block per single call."""
-        if self.blocks is None or not self._full(groups):
+        """Training calls on `Blocks` when every batch is a block in order, else None: one
+        `(K, rows, ...)` block per scanned group, one block per single call otherwise (a
+        short group, or a convnet on XLA:CPU)."""
+        if self.blocks is None or self.phase != "train":
             return None
-        rows = int(np.shape(groups[0][0])[0])
-        batches = [batch for group in groups for batch in group]
-        found = self.blocks.lookup(batches, rows, self.k if many else None)
-        if found is None:
+        # A full batch gives the rows (a fill may start at, or be only, the partial last
+        # batch: then the blocks' own rows); with padding in every batch (an uneven split),
+        # the table serves.
+        is_full = self.distributor.is_full
+        full = next((b for group in groups for b in group if is_full(b)), None)
+        rows = self.blocks.rows if full is None else int(np.shape(full)[0])
+        if rows is None:
             return None
-        if many:
-            return [
-                (execution.SCAN, Resident([block]), len(group))
-                for block, group in zip(found, groups, strict=True)
-            ]
-        items, at = [], 0
-        for group in groups:
-            items.append((execution.LOOP, Resident(found[at : at + len(group)]), len(group)))
-            at += len(group)
+        scanned = [many and self._scans(group) for group in groups]
+        if any(scanned[:-1]) and not all(scanned[:-1]):
+            return None  # (only a last group can be short)
+        record = self._recorder()
+        items = []
+        for group, scans in zip(groups, scanned, strict=True):
+            found = self.blocks.lookup(group, rows, self.k if scans else None, record)
+            if found is None:
+                return None
+            if scans:
+                ((block, mask),) = found
+                items.append((execution.SCAN, Resident([block], [mask]), len(group)))
+            else:
+                blocks, masks = zip(*found, strict=True)
+                items.append((execution.LOOP, Resident(list(blocks), list(masks)), len(group)))
         return items
 
-    def bind(self, item: tuple[str, Any, int]) -> Callable[[], jax.Array]:
+    def bind(
+        self, item: tuple[str, Any, int], queued: Callable[[jax.Array], None] | None = None
+    ) -> Callable[[], jax.Array]:
         """The item's dispatch, everything but the state worked out now.
 
         The loop binds the next item while the devices still run the last call, before its
         hooks wait for that call's logs: once they return, dispatching is one compiled call
         on the state the engine then holds (a hook may have replaced it). The dispatch runs
-        the item's steps and returns a tick to wait on.
+        the item's steps and returns a tick to wait on; `queued` (the loop's bound on calls
+        in flight) is given the tick of each call before the last.
         """
         mode, payload, _ = item
         engine = self.engine
         # The source arrays go on the devices with the first call that gathers from them.
-        source = None if self.source is None else self.source.arrays
+        source = None
+        if self.source is not None:
+            source = functools.partial(self.source.arrays, self._recorder())
         tabled = isinstance(payload, FromTable)
         if isinstance(payload, Resident):
-            calls = [(batch, None) for batch in payload.batches]
+            calls = list(zip(payload.batches, payload.masks, strict=True))
             source = None
         elif tabled:
             if payload.table is not self._table:
@@ -203,7 +232,11 @@ class Runner:
             n = packing.metric_count
             metrics, others = leaves[:n], leaves[n:]
             logs = None
-            for batch, mask in calls:
+            for at, (batch, mask) in enumerate(calls):
+                if at and queued is not None:
+                    # Each call of a multi-call item counts in flight (more than ~30 queued
+                    # calls with a collective deadlock XLA:CPU; K single steps are K calls).
+                    queued(logs[0])
                 if train:
                     args = (metrics, others, arrays, batch, mask, cursor)
                     metrics, others, logs, cursor = fn(*args)

@@ -5,8 +5,8 @@ A `Runner` makes them from groups of host batches:
   mask: host data, or row numbers of device-resident data made in the loop;
 - `FromTable`: the next calls' entries in a `Table`, the row numbers of ~128 steps sent to
   the devices in one copy, read inside the call at a device-side cursor;
-- `Resident`: whole batches already on the devices as arrays of their own
-  (`device_data.Blocks`), taken directly, with no gather and no mask.
+- `Resident`: batches already on the devices as arrays of their own (`blocks.Blocks`),
+  taken directly, with no gather (and no mask but the padded last batch's).
 
 Example:
   >>> table = Table(rows, mask, zero_cursor(engine))
@@ -36,10 +36,12 @@ class Table:
 
 @dataclasses.dataclass(frozen=True)
 class Resident:
-    """Whole batches already on the devices as arrays of their own (`device_data.Blocks`):
-    the calls take them directly, with no gather and no mask."""
+    """Batches already on the devices as arrays of their own (`blocks.Blocks`): the calls
+    take them directly, with no gather; `masks[i]` is None for a full batch (or group), or
+    the padded last batch's mask."""
 
     batches: list
+    masks: list
 
 
 @dataclasses.dataclass(frozen=True)

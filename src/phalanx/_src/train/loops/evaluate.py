@@ -17,7 +17,7 @@ from phalanx._src.data.adapters import as_batches
 from phalanx._src.train.api import fit_options
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
 from phalanx._src.train.engine import checks
-from phalanx._src.train.feeding import sources
+from phalanx._src.train.feeding import reuse, sources
 from phalanx._src.train.loops.phase import run_phase
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ def evaluate(
     # Shapes and labels, before anything compiles.
     checked = checks.check_data(engine, host, "evaluate")
     data, source = sources.on_devices(engine.strategy, host, device_data)
+    source, _ = reuse.kept(engine, source)  # the last call's placement, when safe
     verbose = 1 if verbose == "auto" else verbose
     length = sources.length(data)
     cbs = CallbackList(callbacks, model=model, steps=steps or length, verbose=verbose)

@@ -20,8 +20,9 @@ from phalanx._src.train.api import fit_options
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
 from phalanx._src.train.checkpoint import preemption
 from phalanx._src.train.engine import checks, flop_rate
-from phalanx._src.train.feeding import sources
-from phalanx._src.train.feeding.device_data import Blocks
+from phalanx._src.train.engine.transfers import Counts
+from phalanx._src.train.feeding import reuse, sources
+from phalanx._src.train.feeding.blocks import Blocks
 from phalanx._src.train.feeding.feeders import Carry
 from phalanx._src.train.loops.evaluate import validation_logs, validation_source
 from phalanx._src.train.loops.phase import InFlight, run_phase
@@ -90,6 +91,13 @@ def fit(
 
     Returns:
       The `History` callback (`history.history` maps each log name to per-epoch values).
+      Besides the loss and metrics, each epoch logs `examples_per_second`,
+      `input_wait_fraction`, and what crossed between host and devices for it (the
+      ledger, `engine/transfers.py`): `host_to_device_mib` and `host_to_device_arrays`
+      (the data, masks and row numbers placed, counting every device's copy),
+      `device_to_host_mib` and `device_to_host_arrays` (logs and metrics read back).
+      With device-resident data the first epoch places the data and the later ones
+      next to nothing.
 
     Raises:
       ValueError: for bad arguments or data, before anything is compiled: data without
@@ -112,6 +120,7 @@ def fit(
     # Shapes and labels, before anything compiles.
     checked = checks.check_data(engine, host, "fit")
     data, source = sources.on_devices(engine.strategy, host, device_data)
+    source, blocks = reuse.kept(engine, source)  # the last call's placement, when safe
     steps_known = steps_per_epoch or sources.length(data)
     if steps_known is None and _is_infinite(data):
         raise ValueError(
@@ -137,7 +146,7 @@ def fit(
     engine.stop_training = False
     engine.position.start(initial_epoch)
     validation = (val_data, validation_freq, validation_steps)
-    run = _Epochs(engine, cbs, data, source, steps_per_epoch, steps_known, epochs, prefetch)
+    run = _Epochs(engine, cbs, data, source, steps_per_epoch, steps_known, epochs, prefetch, blocks)
     run.validation = validation  # (data or None, every N epochs, steps)
     cbs.on_train_begin()
     epoch_logs = run.all(checked)
@@ -177,12 +186,13 @@ class _Epochs:
         steps_known: int | None,
         epochs: int,
         prefetch: int,
+        blocks: Blocks | None = None,
     ) -> None:
         self.engine = engine
         self.cbs = cbs
         self.data = data
         self.source = source
-        self.blocks = None if source is None else Blocks(source, engine.strategy)
+        self.blocks = blocks  # `source`'s in-order batches (`reuse.kept`)
         self.steps_per_epoch = steps_per_epoch
         self.steps_known = steps_known
         self.epochs = epochs
@@ -212,13 +222,16 @@ class _Epochs:
         try:
             for epoch in range(engine.position.epoch, self.epochs):
                 engine.position.epoch = epoch
+                window = engine.transfers.begin()  # the epoch's ledger window
                 engine.reset_metrics()
                 begin = functools.partial(cbs.on_epoch_begin, epoch)
                 if deferred is None:
                     begin()
                 else:
                     begin = _then(deferred, begin)
-                iterator, end = self.one(epoch, checked, None if deferred is None else begin)
+                iterator, end = self.one(
+                    epoch, checked, None if deferred is None else begin, window
+                )
                 last = epoch + 1 == self.epochs
                 if (
                     overlap
@@ -240,13 +253,19 @@ class _Epochs:
             watch.stop()
             self.carry = None
             self.in_flight.drain()
+            engine.transfers.end()  # evaluate and predict after fit are no epoch's
         return epoch_logs
 
     def one(
-        self, epoch: int, checked: bool, after_first: Callable[[], None] | None
+        self,
+        epoch: int,
+        checked: bool,
+        after_first: Callable[[], None] | None,
+        window: Counts,
     ) -> tuple[Iterator[Any], _EpochEnd]:
         """Runs epoch `epoch`'s steps; returns its iterator and its end, still to run.
-        `after_first`: run once the epoch's first call is dispatched."""
+        `after_first`: run once the epoch's first call is dispatched; `window`: the epoch's
+        counts in the ledger of transfers."""
         engine = self.engine
         t0 = time.perf_counter()
         iterator, limit = self._iterator()
@@ -291,6 +310,7 @@ class _Epochs:
             iterator,
             val_data if validates else None,
             val_steps,
+            window,
         )
         return iterator, end
 
@@ -336,6 +356,7 @@ class _EpochEnd:
         iterator: Iterator[Any],
         val_data: Any,
         validation_steps: int | None,
+        window: Counts,
     ) -> None:
         self.epochs = epochs
         self.epoch = epoch
@@ -346,12 +367,21 @@ class _EpochEnd:
         self.iterator = iterator
         self.val_data = val_data
         self.validation_steps = validation_steps
+        self.window = window  # what crossed for this epoch (its reads below included)
 
     @property
     def validates(self) -> bool:
         return self.val_data is not None
 
     def __call__(self) -> dict[str, float]:
+        # Run after the next epoch began (deferred), its reads still count for this one.
+        with self.epochs.engine.transfers.charging(self.window):
+            logs = self._logs()
+        logs.update(self.window.logs())
+        self.epochs.cbs.on_epoch_end(self.epoch, logs)
+        return logs
+
+    def _logs(self) -> dict[str, float]:
         epochs = self.epochs
         engine = epochs.engine
         logs = engine.fetch_logs(self.values)  # waits for the epoch's last call
@@ -368,9 +398,8 @@ class _EpochEnd:
             logs.update({f"val_{k}": v for k, v in val_logs.items()})
         if self.steps == 0:
             warnings.warn(
-                f"epoch {self.epoch + 1} ran no step: the data is empty or ran out", stacklevel=5
+                f"epoch {self.epoch + 1} ran no step: the data is empty or ran out", stacklevel=6
             )
-        self.epochs.cbs.on_epoch_end(self.epoch, logs)
         return logs
 
 

@@ -23,8 +23,8 @@ from phalanx._src.data.autotune import Tuner
 from phalanx._src.data.wait import InputWaitMeter
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
-from phalanx._src.train.feeding import device_data
 from phalanx._src.train.feeding.batches import Groups
+from phalanx._src.train.feeding.blocks import Blocks
 from phalanx._src.train.feeding.dispatch import Runner
 from phalanx._src.train.feeding.feeders import Carry, Feeder, HostFeeder, ResidentFeeder
 
@@ -98,7 +98,7 @@ def run_phase(
     source: Any = None,
     steps_hint: int | None = None,
     next_limit: int | None = None,
-    blocks: device_data.Blocks | None = None,
+    blocks: Blocks | None = None,
     after_first: Callable[[], None] | None = None,
     in_flight: InFlight | None = None,
     ahead: Carry | None = None,
@@ -158,7 +158,7 @@ def run_phase(
             # first transfer), not its steady state: the clock starts here.
             meter.start_epoch()
         if item is not None:
-            dispatch = runner.bind(item)  # each next one is bound ahead, see below
+            dispatch = runner.bind(item, in_flight.add)  # each next one bound ahead, see below
         while item is not None:
             n = item[2]  # (mode, device input, batches): see `Runner.put`
             if begin_hook is not None:
@@ -182,7 +182,7 @@ def run_phase(
                 position = feed.get_state()  # where a stop below leaves the source
             item = next_batch(feed, in_flight, meter)
             if item is not None:
-                dispatch = runner.bind(item)
+                dispatch = runner.bind(item, in_flight.add)
             if pending is not None:  # the last execution's, now that this one is queued
                 logs = _end_batch(engine, end_hook, in_flight, *pending, logs)
                 pending = None

@@ -15,6 +15,7 @@ import numpy as np
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
 from phalanx._src.train.engine import execution
+from phalanx._src.train.engine.transfers import Transfers
 from phalanx._src.train.feeding import sources
 from phalanx._src.train.feeding.batches import Groups
 from phalanx._src.train.feeding.feeders import Feeder, HostFeeder, ResidentFeeder
@@ -55,18 +56,22 @@ def predict(
     # Host batches run one call each: stacking K of them first is one more host copy of
     # every row, which costs more than the K-1 dispatches it saves (measured: 0.6x at K=50).
     mode = [None if k > 1 and source is not None else execution.LOOP]
+    ledger, masks = engine.transfers, {}  # what crosses, counted (`engine.transfers`)
+
+    def arrays(host: Any) -> tuple[Any, Any]:
+        return ledger.placed_pair(distributor.arrays(host), masks)
 
     def put(group: list[Any]) -> tuple[list[tuple[Any, Any, Any, list[int]]], int]:
         """A group's calls `(fn, device batch, mask, real rows)` and its batch count."""
         if mode[0] is None:
-            batch, mask = distributor.arrays(group[0])
+            batch, mask = arrays(group[0])
             mode[0] = execution.predict_mode(engine, None if source is None else source.spec, batch)
         if mode[0] == execution.SCAN:
-            batch, mask = distributor.stacked(group, k)
+            batch, mask = ledger.placed_pair(distributor.stacked(group, k), masks)
             calls = [(execution.predict_fn(engine, many=True), batch, mask)]
         else:
             fn = execution.predict_fn(engine)
-            calls = [(fn, *distributor.arrays(host)) for host in group]
+            calls = [(fn, *arrays(host)) for host in group]
         reals = _split_rows(group, len(calls))
         return [(*call, real) for call, real in zip(calls, reals, strict=True)], len(group)
 
@@ -86,18 +91,18 @@ def predict(
                 if index % k == 0:
                     cbs.on_predict_batch_begin(index)
                 for fn, batch, mask, real in calls:
-                    arrays = None if source is None else source.arrays()
-                    pending.append((fn(engine.state, arrays, batch), real, mask))
+                    placed = None if source is None else source.arrays(ledger.placed)
+                    pending.append((fn(engine.state, placed, batch), real, mask))
                 batches.advance()
                 index += n
                 if index % k == 0:
                     cbs.on_predict_batch_end(index - 1)
                 if len(pending) >= MAX_IN_FLIGHT:
-                    parts.extend(_to_host(pending))
+                    parts.extend(_to_host(pending, ledger))
                     pending = []
             if index % k:  # a last, short group
                 cbs.on_predict_batch_end(index - 1)
-            parts.extend(_to_host(pending))
+            parts.extend(_to_host(pending, ledger))
     finally:
         sources.close(iterator)
     cbs.on_predict_end()
@@ -121,8 +126,9 @@ def _split_rows(group: list[Any], calls: int) -> list[list[int]]:
     return [rows] if calls == 1 else [[r] for r in rows]
 
 
-def _to_host(pending: list[tuple[Any, list[int], Any]]) -> list[Any]:
-    """The real rows of queued outputs: one device-to-host copy of them all.
+def _to_host(pending: list[tuple[Any, list[int], Any]], ledger: Transfers) -> list[Any]:
+    """The real rows of queued outputs: one device-to-host copy of them all (counted in
+    `ledger`).
 
     With one process, padding sits after a batch's real rows (`pad_at_end`), so the first
     `real` rows are kept; with several, each process's share is padded on its own and the
@@ -130,6 +136,7 @@ def _to_host(pending: list[tuple[Any, list[int], Any]]) -> list[Any]:
     """
     if not pending:
         return []
+    ledger.read([outputs for outputs, _, _ in pending])
     if jax.process_count() > 1:
         out = []
         for outputs, _, mask in pending:

@@ -25,7 +25,14 @@ EXAMPLES_PER_SECOND = "examples_per_second"
 INPUT_WAIT_FRACTION = "input_wait_fraction"
 TFLOPS = "model_tflops_per_second"
 MFU = "mfu"
-_SPECIAL = (EXAMPLES_PER_SECOND, INPUT_WAIT_FRACTION, TFLOPS, MFU)
+# The ledger of transfers (`engine.transfers`): in History and the logs, not on the bar.
+TRANSFERS = (
+    "host_to_device_mib",
+    "host_to_device_arrays",
+    "device_to_host_mib",
+    "device_to_host_arrays",
+)
+_SPECIAL = (EXAMPLES_PER_SECOND, INPUT_WAIT_FRACTION, TFLOPS, MFU, *TRANSFERS)
 # How often per phase the live bar asks for fresh loss and metric values. Each fetch waits
 # for the device, so Keras's every-step fetch would slow small steps; 50 keeps it under ~2 %.
 LIVE_UPDATES = 50

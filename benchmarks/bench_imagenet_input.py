@@ -1,0 +1,271 @@
+"""ImageNet-shaped input pipelines, phalanx.data against tf.data and Grain (a script, not a test).
+
+    python benchmarks/bench_imagenet_input.py                       # 1,024 images, 2 rounds
+    python benchmarks/bench_imagenet_input.py --images 2048 --rounds 3 --workers 1 2 4 8 0
+
+Writes --images JPEGs of 500x375 (~45 KiB at quality 90: smooth content plus sensor-like
+noise, generated here, nothing downloaded) as tf.train.Examples into 8 TFRecord files
+(phalanx's TFRecordWriter) and one ArrayRecord file, then times, in one process, one epoch
+at a time, interleaved over the variants (a busy neighbour hits each alike), best of
+--rounds after a warm-up epoch:
+
+- phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
+  Inception crop, 224x224 bilinear, random flip, uint8) -> batch 64; and the same with a
+  float32 [0, 1] output (as TF's) for the like-for-like row;
+- tf.data (when TensorFlow is installed): TF's official ResNet-50 training preprocessing:
+  parse, sample_distorted_bounding_box, decode_and_crop_jpeg, resize 224 (bilinear),
+  random_flip_left_right, / 255 -> batch 64 -> prefetch, on a private thread pool of the
+  same size;
+- Grain over ArrayRecord: the phalanx.image preprocessing (Grain has none) in Grain's
+  threads (ReadOptions.num_threads).
+
+Worker counts: --workers (0 means AUTOTUNE; tf.data's own AUTOTUNE then gets the machine).
+Images/s of the pipeline alone, no model. The table shows each rate and its ratio to
+tf.data's at the same setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+from phalanx import data, image  # noqa: E402
+
+SIZE = (224, 224)
+BATCH = 64
+SPEC = {
+    "image/encoded": data.FixedLenFeature([], data.string),
+    "image/class/label": data.FixedLenFeature([], np.int64),
+}
+
+
+def make_jpegs(count: int, seed: int = 0) -> list[bytes]:
+    """ImageNet-shaped photos: 500x375 (landscape) JPEGs of ~45 KiB."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        coarse = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+        smooth = np.asarray(Image.fromarray(coarse).resize((500, 375), Image.BICUBIC), np.int16)
+        noisy = np.clip(smooth + rng.normal(0, 5.0, smooth.shape), 0, 255).astype(np.uint8)
+        out.append(image_bytes(noisy))
+    return out
+
+
+def image_bytes(pixels: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def write_files(folder: Path, jpegs: list[bytes], shards: int = 8) -> tuple[list[str], str]:
+    """TFRecord shards (phalanx's writer) and one ArrayRecord file of the same Examples."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    records = [
+        data.make_example({"image/encoded": jpeg, "image/class/label": i % 1000})
+        for i, jpeg in enumerate(jpegs)
+    ]
+    paths = []
+    for shard in range(shards):
+        path = folder / f"train-{shard:05d}-of-{shards:05d}.tfrecord"
+        with data.TFRecordWriter(path) as writer:
+            for record in records[shard::shards]:
+                writer.write(record)
+        paths.append(str(path))
+    array_path = str(folder / "train.array_record")
+    writer = ArrayRecordWriter(array_path, "group_size:1")
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return paths, array_path
+
+
+def preprocess(record: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """phalanx's ResNet training preprocessing: uint8, normalised later on the device."""
+    example = data.parse_single_example(record, SPEC)
+    pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE)
+    return pixels, example["image/class/label"]
+
+
+def preprocess_float(record: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The same, scaled to float32 [0, 1] on the host, as TF's pipeline outputs."""
+    pixels, label = preprocess(record)
+    return np.multiply(pixels, np.float32(1 / 255), dtype=np.float32), label  # one pass
+
+
+def phalanx_pipeline(paths: list[str], workers: int, fn=preprocess) -> data.Dataset:
+    calls = data.AUTOTUNE if workers == 0 else workers
+    ds = data.TFRecordDataset(paths, num_parallel_reads=min(len(paths), 4))
+    return ds.map(fn, num_parallel_calls=calls).batch(BATCH)
+
+
+def tf_pipeline(paths: list[str], workers: int):
+    import tensorflow as tf
+
+    def parse_and_preprocess(record):
+        # TF's official ResNet-50 preprocessing (imagenet_preprocessing.py), training branch.
+        parsed = tf.io.parse_single_example(
+            record,
+            {
+                "image/encoded": tf.io.FixedLenFeature([], tf.string),
+                "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+            },
+        )
+        contents = parsed["image/encoded"]
+        shape = tf.image.extract_jpeg_shape(contents)
+        box = tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4])
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape,
+            bounding_boxes=box,
+            min_object_covered=0.1,
+            aspect_ratio_range=[0.75, 1.33],
+            area_range=[0.05, 1.0],
+            max_attempts=100,
+            use_image_if_no_bounding_boxes=True,
+        )
+        offset_y, offset_x, _ = tf.unstack(begin)
+        target_h, target_w, _ = tf.unstack(size)
+        window = tf.stack([offset_y, offset_x, target_h, target_w])
+        cropped = tf.image.decode_and_crop_jpeg(contents, window, channels=3)
+        flipped = tf.image.random_flip_left_right(cropped)
+        resized = tf.image.resize(flipped, SIZE, method=tf.image.ResizeMethod.BILINEAR)
+        return resized / 255.0, parsed["image/class/label"]
+
+    calls = tf.data.AUTOTUNE if workers == 0 else workers
+    ds = tf.data.TFRecordDataset(paths, num_parallel_reads=min(len(paths), 4))
+    ds = ds.map(parse_and_preprocess, num_parallel_calls=calls).batch(BATCH)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    if workers:
+        options.threading.private_threadpool_size = workers
+    options.threading.max_intra_op_parallelism = 1
+    return ds.with_options(options)
+
+
+class GrainPipeline:
+    """Grain's MapDataset over ArrayRecord, preprocessing in `workers` threads."""
+
+    def __init__(self, path: str, workers: int) -> None:
+        import grain
+        from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+        threads = workers or os.cpu_count() or 1
+        ds = grain.MapDataset.source(ArrayRecordDataSource([path])).map(preprocess)
+        ds = ds.batch(BATCH, drop_remainder=False)
+        self._ds = ds.to_iter_dataset(
+            grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * BATCH)
+        )
+
+    def __iter__(self):
+        return iter(self._ds)
+
+
+def epoch_rate(pipeline, expected: int) -> tuple[float, float]:
+    """Images per wall second and per CPU second (all of this process's threads) over one
+    epoch, which must hold every image (a short epoch is an error).
+
+    The CPU-time rate is the work per image, which neighbours on a shared machine hardly
+    change; the wall-clock rate is what a training loop gets.
+    """
+    began, cpu, count = time.perf_counter(), time.process_time(), 0
+    for batch in pipeline:
+        count += len(batch[1])
+    seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
+    if count != expected:
+        raise RuntimeError(f"{pipeline!r} gave {count} images in an epoch, not {expected}")
+    return count / seconds, count / cpu_seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 0])
+    parser.add_argument("--no-tf", action="store_true", help="skip tf.data")
+    parser.add_argument("--no-grain", action="store_true", help="skip Grain")
+    args = parser.parse_args()
+
+    try:
+        if args.no_tf:
+            raise ImportError
+        import tensorflow as tf
+
+        tf.config.threading.set_inter_op_parallelism_threads(os.cpu_count() or 1)
+        have_tf = True
+    except ImportError:
+        have_tf = False
+
+    with tempfile.TemporaryDirectory() as folder:
+        jpegs = make_jpegs(args.images)
+        mean_kib = np.mean([len(j) for j in jpegs]) / 1024
+        paths, array_path = write_files(Path(folder), jpegs)
+        variants: dict[tuple[str, int], object] = {}
+        for workers in args.workers:
+            if have_tf:
+                variants[("tf.data (float32)", workers)] = tf_pipeline(paths, workers)
+            variants[("phalanx (uint8)", workers)] = phalanx_pipeline(paths, workers)
+            variants[("phalanx (float32)", workers)] = phalanx_pipeline(
+                paths, workers, preprocess_float
+            )
+            if not args.no_grain:
+                variants[("Grain/ArrayRecord (uint8)", workers)] = GrainPipeline(
+                    array_path, workers
+                )
+        for pipeline in variants.values():  # warm-up: imports, pools, AUTOTUNE's measuring
+            epoch_rate(pipeline, args.images)
+        best = dict.fromkeys(variants, 0.0)
+        per_cpu = dict.fromkeys(variants, 0.0)
+        for _ in range(args.rounds):
+            for key, pipeline in variants.items():
+                wall, cpu = epoch_rate(pipeline, args.images)
+                best[key], per_cpu[key] = max(best[key], wall), max(per_cpu[key], cpu)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+        print(
+            f"\n## {args.images} JPEGs 500x375 (mean {mean_kib:.1f} KiB) in 8 TFRecord files, "
+            f"batch {BATCH}, {cores} cores; best of {args.rounds} interleaved epochs"
+        )
+        names = sorted({name for name, _ in variants}, key=lambda n: (not n.startswith("tf"), n))
+        label = {
+            w: ("AUTOTUNE" if w == 0 else f"{w} worker{'s' if w > 1 else ''}") for w in args.workers
+        }
+        for title, table in (("images/s", best), ("images per CPU-second", per_cpu)):
+            print(f"\n{title} (ratio to tf.data's at the same setting)\n")
+            print("| pipeline | " + " | ".join(label[w] for w in args.workers) + " |")
+            print("|---|" + "---|" * len(args.workers))
+            for name in names:
+                cells = []
+                for w in args.workers:
+                    rate = table[(name, w)]
+                    reference = table.get(("tf.data (float32)", w))
+                    ratio = f" ({rate / reference:.2f}x)" if reference and name[:2] != "tf" else ""
+                    cells.append(f"{rate:,.0f}{ratio}")
+                print(f"| {name} | " + " | ".join(cells) + " |")
+        print(f"\nload average while measuring: {os.getloadavg()[0]:.1f}")
+        for w in args.workers:
+            if w == 0:
+                report = variants[("phalanx (uint8)", 0)].autotune_report
+                print(f"\nphalanx (uint8), AUTOTUNE: {report}")
+        if 1 in args.workers and 2 in args.workers:
+            for name in names:
+                print(f"{name}: 2 workers / 1 worker = {best[(name, 2)] / best[(name, 1)]:.2f}x")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

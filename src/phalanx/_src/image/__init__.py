@@ -1,0 +1,1 @@
+"""tf.image's functions on NumPy arrays (the public face is `phalanx.image`)."""

@@ -1,0 +1,204 @@
+"""tf.image.sample_distorted_bounding_box: Inception's random crop, TF's algorithm.
+
+The sampler follows TF's kernel (sample_distorted_bounding_box_op.cc) step by step: up to
+`max_attempts` times draw an aspect ratio, then a height between the smallest and largest
+that keep the area in `area_range` and the crop inside the image, round as TF does, place
+the crop uniformly, and accept it if it covers at least `min_object_covered` of some box;
+if no attempt succeeds the whole image is the crop. The numbers drawn come from phalanx's
+streams (`randomness`), not TF's Philox, so crops differ from TF's one by one but follow
+the same distribution and constraints.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from phalanx._src.image import randomness
+
+
+def _lrint(value: float) -> int:
+    return int(np.rint(np.float32(value)))  # C's lrintf: round half to even
+
+
+def _random_crop_box(
+    rng: Any,
+    width: int,
+    height: int,
+    area_range: tuple[float, float],
+    aspect_ratio: float,
+) -> tuple[int, int, int, int] | None:
+    min_area = np.float32(area_range[0]) * np.float32(width * height)
+    max_area = np.float32(area_range[1]) * np.float32(width * height)
+    crop_h = _lrint(math.sqrt(min_area / aspect_ratio))
+    max_h = _lrint(math.sqrt(max_area / aspect_ratio))
+    if _lrint(max_h * aspect_ratio) > width:
+        max_h = int((width + 0.5 - 1e-7) / aspect_ratio)
+        if _lrint(max_h * aspect_ratio) > width:
+            max_h -= 1
+    max_h = min(max_h, height)
+    crop_h = min(crop_h, max_h)
+    if crop_h < max_h:
+        crop_h += int(randomness.integers(rng, max_h - crop_h + 1))
+    crop_w = _lrint(crop_h * aspect_ratio)
+    area = float(crop_w * crop_h)
+    if area < min_area:
+        crop_h += 1
+        crop_w = _lrint(crop_h * aspect_ratio)
+        area = float(crop_w * crop_h)
+    if area > max_area:
+        crop_h -= 1
+        crop_w = _lrint(crop_h * aspect_ratio)
+        area = float(crop_w * crop_h)
+    if not (min_area <= area <= max_area and 0 < crop_w <= width and 0 < crop_h <= height):
+        return None
+    y = int(randomness.integers(rng, height - crop_h)) if crop_h < height else 0
+    x = int(randomness.integers(rng, width - crop_w)) if crop_w < width else 0
+    return x, y, x + crop_w, y + crop_h
+
+
+def _covers(crop: tuple[int, int, int, int], boxes: list, min_object_covered: float) -> bool:
+    for x0, y0, x1, y1 in boxes:
+        area = (x1 - x0) * (y1 - y0)
+        if area <= 0:
+            continue
+        inter_w = min(crop[2], x1) - max(crop[0], x0)
+        inter_h = min(crop[3], y1) - max(crop[1], y0)
+        inter = max(inter_w, 0) * max(inter_h, 0)
+        if inter / area >= min_object_covered:
+            return True
+    return False
+
+
+def _sample(
+    rng: Any,
+    image_size: Any,
+    bounding_boxes: Any,
+    min_object_covered: float,
+    aspect_ratio_range: tuple[float, float],
+    area_range: tuple[float, float],
+    max_attempts: int,
+    use_image_if_no_bounding_boxes: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    size = np.asarray(image_size).reshape(-1)
+    if size.shape[0] != 3:
+        raise ValueError(f"image_size must be [height, width, channels], got {image_size!r}")
+    height, width = int(size[0]), int(size[1])
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image_size must be positive, got {image_size!r}")
+    if not (0 < area_range[0] <= area_range[1] <= 1.0):
+        raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
+    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
+        raise ValueError(f"aspect_ratio_range must be positive, got {aspect_ratio_range!r}")
+    if max_attempts <= 0:
+        raise ValueError(f"max_attempts must be > 0, got {max_attempts!r}")
+    raw = np.zeros((0, 4), np.float32) if bounding_boxes is None else np.asarray(bounding_boxes)
+    raw = raw.reshape(-1, 4).astype(np.float32)
+    if np.any(raw < 0) or np.any(raw > 1) or np.any(raw[:, 2] < raw[:, 0]):
+        raise ValueError(
+            "bounding_boxes must be [ymin, xmin, ymax, xmax] in [0, 1] with min <= max, got "
+            f"{raw.tolist()}"
+        )
+    boxes = [
+        (int(xmin * width), int(ymin * height), int(xmax * width), int(ymax * height))
+        for ymin, xmin, ymax, xmax in raw.tolist()
+    ]
+    if not boxes:
+        if not use_image_if_no_bounding_boxes:
+            raise ValueError(
+                "no bounding box given: pass bounding_boxes (e.g. [[[0, 0, 1, 1]]]) or "
+                "use_image_if_no_bounding_boxes=True"
+            )
+        boxes = [(0, 0, width, height)]
+    crop = None
+    low, high = (float(r) for r in aspect_ratio_range)
+    for _ in range(int(max_attempts)):
+        ratio = float(np.float32(randomness.uniform(rng, 0.0, 1.0) * (high - low) + low))
+        candidate = _random_crop_box(rng, width, height, area_range, ratio)
+        if candidate is not None and _covers(candidate, boxes, min_object_covered):
+            crop = candidate
+            break
+    if crop is None:
+        crop = (0, 0, width, height)
+    x0, y0, x1, y1 = crop
+    begin = np.array([y0, x0, 0], np.int32)
+    size_out = np.array([y1 - y0, x1 - x0, -1], np.int32)
+    box = np.array([[[y0 / height, x0 / width, y1 / height, x1 / width]]], np.float32)
+    return begin, size_out, box
+
+
+def sample_distorted_bounding_box(
+    image_size: Any,
+    bounding_boxes: Any = None,
+    seed: int | None = None,
+    min_object_covered: float = 0.1,
+    aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
+    area_range: tuple[float, float] = (0.05, 1.0),
+    max_attempts: int = 100,
+    use_image_if_no_bounding_boxes: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random crop of an image, as tf.image.sample_distorted_bounding_box.
+
+    Args:
+      image_size: [height, width, channels] (e.g. `extract_jpeg_shape(contents)`).
+      bounding_boxes: boxes [ymin, xmin, ymax, xmax] in [0, 1], shape (..., 4), or None.
+      seed: an op-level seed (int) or None (inside `Dataset.map`: the element's stream).
+      min_object_covered: the fraction of some box the crop must cover.
+      aspect_ratio_range: the crop's width / height range.
+      area_range: the crop's area as a fraction of the image's.
+      max_attempts: tries before falling back to the whole image.
+      use_image_if_no_bounding_boxes: treat the whole image as the box when none is given.
+
+    Returns:
+      (begin, size, bboxes) as TF's: int32 [y, x, 0], int32 [height, width, -1], and the
+      crop as a float32 box of shape (1, 1, 4).
+
+    Raises:
+      ValueError: bad ranges or boxes, or no box and use_image_if_no_bounding_boxes False.
+
+    Example:
+      >>> shape = extract_jpeg_shape(contents)
+      >>> begin, size, _ = sample_distorted_bounding_box(
+      ...     shape, [[[0.0, 0.0, 1.0, 1.0]]], area_range=(0.08, 1.0),
+      ...     aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10)
+      >>> crop = decode_and_crop_jpeg(contents, [begin[0], begin[1], size[0], size[1]])
+    """
+    return _sample(
+        randomness.generator(seed),
+        image_size,
+        bounding_boxes,
+        min_object_covered,
+        aspect_ratio_range,
+        area_range,
+        max_attempts,
+        use_image_if_no_bounding_boxes,
+    )
+
+
+def stateless_sample_distorted_bounding_box(
+    image_size: Any,
+    bounding_boxes: Any,
+    seed: Any,
+    min_object_covered: float = 0.1,
+    aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
+    area_range: tuple[float, float] = (0.05, 1.0),
+    max_attempts: int = 100,
+    use_image_if_no_bounding_boxes: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`sample_distorted_bounding_box` as a pure function of `seed` (two ints).
+
+    Example:
+      >>> begin, size, box = stateless_sample_distorted_bounding_box(shape, boxes, (1, 2))
+    """
+    return _sample(
+        randomness.stateless_generator(seed),
+        image_size,
+        bounding_boxes,
+        min_object_covered,
+        aspect_ratio_range,
+        area_range,
+        max_attempts,
+        use_image_if_no_bounding_boxes,
+    )

@@ -1,0 +1,141 @@
+"""Where phalanx.image's random ops draw from: reproducible inside `Dataset.map`.
+
+TF's stateful random ops (`tf.image.random_flip_left_right(image)`) draw from a global
+stream, so a tf.data map with them is only reproducible with a global seed and
+`deterministic=True`, and never across a different number of parallel calls. Here,
+`Dataset.map` opens an *element stream* around each call of its function, keyed by the
+shuffle seeds below the map (recorded in the iterator's state), the iteration key and the
+element's position. An op without `seed` then draws the next numbers of that stream; an op
+with `seed=s` draws from a stream of its own keyed by the same words and `s`. Either way the
+numbers depend only on where the element sits in the dataset, so every run, a resumed
+iterator, and any number of thread or process workers give the same batches.
+
+Outside a map, an op without a seed draws from NumPy's global generator (so
+`np.random.seed` or `keras.utils.set_random_seed` makes a script reproducible, as phalanx's
+shuffles), and an op with `seed=s` from a generator kept per seed: successive calls give
+successive numbers, the same on every run (as TF's op-level seeds under a global seed).
+The `stateless_*` ops take `seed`, two integers, and give a pure function of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+_local = threading.local()
+_op_generators: dict[int, np.random.Generator] = {}
+_op_lock = threading.Lock()
+
+
+class ElementStream:
+    """The random numbers of one dataset element: a default stream and one per op seed."""
+
+    def __init__(self, words: Sequence[int]) -> None:
+        self.words = tuple(int(w) % 2**64 for w in words)
+        self._default: np.random.Generator | None = None
+        self._seeded: dict[int, np.random.Generator] = {}
+
+    def generator(self, seed: int | None) -> np.random.Generator:
+        if seed is None:
+            if self._default is None:
+                self._default = _philox(self.words)
+            return self._default
+        key = int(seed)
+        if key not in self._seeded:
+            self._seeded[key] = _philox((*self.words, 1, key % 2**64))
+        return self._seeded[key]
+
+
+def _philox(words: Sequence[int]) -> np.random.Generator:
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(list(words))))
+
+
+@contextlib.contextmanager
+def element_stream(words: Sequence[int]) -> Iterator[ElementStream]:
+    """Within this block, unseeded random ops of this thread draw from `words`' stream.
+
+    `Dataset.map` opens one around each call of the user's function; nesting restores the
+    outer stream on exit. A StopIteration raised inside becomes a RuntimeError, so that a
+    map's bug cannot end an epoch early.
+
+    Example:
+      >>> with element_stream((seed, epoch, position)):
+      ...     image = random_flip_left_right(image)
+    """
+    previous = getattr(_local, "stream", None)
+    stream = ElementStream(words)
+    _local.stream = stream
+    try:
+        yield stream
+    except StopIteration as error:
+        # Out of an iterator's __next__ it would end the epoch early, silently, short.
+        raise RuntimeError(f"the map function raised StopIteration ({error!r})") from None
+    finally:
+        _local.stream = previous
+
+
+def map_words(node: Any, key: Sequence[int], position: int) -> tuple[int, ...]:
+    """The stream key of element `position` of iteration `key` of a map node.
+
+    The shuffle seeds below the map (recorded in iterator states, so a restored iterator
+    draws alike) and the map's depth (two maps draw different numbers) are computed once
+    per node.
+    """
+    base = node.__dict__.get("_stream_base")
+    if base is None:
+        from phalanx._src.data import index_ops, plan
+
+        below = plan.chain(node.parent)
+        base = (len(below), *index_ops.seeds(node.parent))
+        node.__dict__["_stream_base"] = base
+    return (*base, len(key), *key, int(position))
+
+
+def current_stream() -> ElementStream | None:
+    """The element stream of the map call running in this thread, if any."""
+    return getattr(_local, "stream", None)
+
+
+def generator(seed: int | None) -> np.random.Generator | Any:
+    """The generator a stateful random op with op seed `seed` (or None) draws from."""
+    if seed is not None and not isinstance(seed, int | np.integer):
+        raise TypeError(
+            f"seed must be a Python int or None, got {type(seed).__name__}; for a pair of "
+            "integers use the stateless_* form, e.g. stateless_random_flip_left_right(image, "
+            "seed=(1, 2))"
+        )
+    stream = current_stream()
+    if stream is not None:
+        return stream.generator(seed)
+    if seed is None:
+        return np.random.mtrand._rand  # NumPy's global RandomState: np.random.seed applies
+    with _op_lock:
+        if int(seed) not in _op_generators:
+            _op_generators[int(seed)] = _philox((2, int(seed) % 2**64))
+        return _op_generators[int(seed)]
+
+
+def stateless_generator(seed: Any) -> np.random.Generator:
+    """A fresh generator that is a pure function of `seed` (two integers, as TF's)."""
+    words = np.asarray(seed)
+    if words.shape != (2,) or not np.issubdtype(words.dtype, np.integer):
+        raise ValueError(
+            f"a stateless seed is two integers, shape (2,), got {seed!r}; e.g. seed=(1, 2)"
+        )
+    return _philox((3, *(int(w) % 2**64 for w in words)))
+
+
+def uniform(rng: Any, low: float, high: float, size: Any = None) -> Any:
+    """Uniform floats in [low, high) from a Generator or NumPy's RandomState."""
+    return rng.uniform(low, high, size)
+
+
+def integers(rng: Any, high: int, size: Any = None) -> Any:
+    """Uniform ints in [0, high) from a Generator or NumPy's RandomState."""
+    if isinstance(rng, np.random.Generator):
+        return rng.integers(0, high, size)
+    return rng.randint(0, high, size)

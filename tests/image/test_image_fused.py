@@ -1,0 +1,121 @@
+"""The fused JPEG path (decode_crop_resize_flip) against the unfused ops and TF's pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from image_cases import jpeg_bytes
+
+from phalanx import image
+
+
+def _photo(height: int = 150, width: int = 200) -> bytes:
+    """A JPEG with smooth content and detail, as photos have (generated, never downloaded)."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:height, 0:width]
+    smooth = np.stack(
+        [128 + 100 * np.sin(x / 17 + c) * np.cos(y / 23 - c) for c in range(3)], axis=-1
+    )
+    pixels = np.clip(smooth + rng.normal(0, 6, smooth.shape), 0, 255).astype(np.uint8)
+    return jpeg_bytes(pixels, quality=92)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("window", [(10, 20, 90, 120), (0, 0, 150, 200), (37, 61, 40, 33)])
+def test_full_decode_equals_the_unfused_ops(window, flip):
+    data = _photo()
+    fused = image.decode_crop_resize_flip(data, window, (32, 48), flip=flip, scaled_decode=False)
+    crop = image.decode_and_crop_jpeg(data, window, channels=3)
+    reference = image.resize(crop, (32, 48))
+    if flip:
+        reference = image.flip_left_right(reference)
+    assert fused.dtype == np.uint8 and fused.shape == (32, 48, 3)
+    # The fused result is the float reference rounded: 0.5 plus float summation order.
+    assert np.abs(fused - reference).max() <= 0.5 + 1e-3
+
+
+def test_matches_tensorflow_resnet_preprocessing():
+    tf = pytest.importorskip("tensorflow", reason="compares with TF's own ops where installed")
+    data = _photo()
+    window = [10, 20, 90, 120]
+    crop = tf.image.decode_and_crop_jpeg(data, window, channels=3)
+    theirs = tf.image.flip_left_right(tf.image.resize(crop, (32, 48))).numpy()
+    ours = image.decode_crop_resize_flip(data, window, (32, 48), flip=True, scaled_decode=False)
+    difference = np.abs(ours - theirs)
+    # TF's cropped decode upsamples chroma differently along the window's edge (up to 4
+    # levels on ~0.5 % of the pixels); elsewhere the pixels are equal and only rounding is left.
+    assert difference.max() <= 4.5 and difference.mean() < 0.3
+
+
+def test_scaled_decode_stays_close_to_the_full_decode():
+    data = _photo(300, 400)
+    window = (0, 0, 300, 400)  # 8x the output: decoded at 1/8 scale
+    scaled = image.decode_crop_resize_flip(data, window, (36, 48), antialias=True)
+    full = image.decode_crop_resize_flip(
+        data, window, (36, 48), antialias=True, scaled_decode=False
+    )
+    difference = np.abs(scaled.astype(int) - full.astype(int))
+    # The DCT-domain scale is a box-like filter, the antialiased kernel a triangle: close.
+    assert difference.mean() < 6 and difference.max() < 48
+
+
+def test_writes_into_a_preallocated_output_and_checks_it():
+    data = _photo()
+    out = np.zeros((16, 16, 3), np.uint8)
+    result = image.decode_crop_resize_flip(data, (0, 0, 150, 200), (16, 16), out=out)
+    assert result is out and out.any()
+    with pytest.raises(ValueError, match="out must be a uint8 array of shape"):
+        image.decode_crop_resize_flip(data, (0, 0, 150, 200), (16, 16), out=out[:8])
+
+
+def test_rejects_a_window_outside_the_image():
+    with pytest.raises(ValueError, match="does not lie inside the 150x200 image"):
+        image.decode_crop_resize_flip(_photo(), (100, 0, 60, 10), (8, 8))
+
+
+def test_grayscale_and_nearest():
+    data = _photo()
+    gray = image.decode_crop_resize_flip(data, (0, 0, 150, 200), (20, 20), channels=1)
+    assert gray.shape == (20, 20, 1)
+    nearest = image.decode_crop_resize_flip(
+        data, (0, 0, 150, 200), (20, 20), method="nearest", scaled_decode=False
+    )
+    reference = image.resize(image.decode_jpeg(data, 3), (20, 20), "nearest")
+    np.testing.assert_array_equal(nearest, reference)
+
+
+def test_random_resized_crop_is_reproducible_and_in_range():
+    data = _photo()
+    first = image.decode_random_resized_crop(data, (24, 24), seed=3)
+    again = image.decode_random_resized_crop(data, (24, 24), seed=3)
+    assert first.shape == (24, 24, 3) and first.dtype == np.uint8
+    assert not np.array_equal(first, again)  # an op seed gives a sequence, as TF's
+
+
+@pytest.mark.parametrize("method", ["bilinear", "bicubic", "lanczos3"])
+def test_the_antialiased_fast_path_matches_the_unfused_ops(method):
+    data = _photo()
+    window = (10, 20, 90, 120)
+    fused = image.decode_crop_resize_flip(
+        data, window, (32, 48), flip=True, method=method, antialias=True, scaled_decode=False
+    )
+    crop = image.decode_and_crop_jpeg(data, window, channels=3)
+    reference = image.flip_left_right(image.resize(crop, (32, 48), method, antialias=True))
+    difference = np.abs(fused - np.clip(reference, 0, 255))
+    # Pillow reads real neighbours at the window's edge where the crop repeats its edge.
+    assert difference[2:-2, 2:-2].max() <= 1.0 and difference.max() <= 3.0
+    assert difference.mean() < 0.5
+
+
+def test_without_simplejpeg_pillow_decodes(monkeypatch):
+    from phalanx._src.image import decode
+
+    data = _photo()
+    with_turbo = image.decode_crop_resize_flip(data, (0, 0, 150, 200), (40, 40), antialias=True)
+    monkeypatch.setattr(decode, "_simplejpeg", None)
+    assert decode.simplejpeg_module() is None
+    pillow = image.decode_crop_resize_flip(data, (0, 0, 150, 200), (40, 40), antialias=True)
+    full = image.decode_jpeg(data, 3)
+    # Pillow's libjpeg uses the accurate IDCT: within a few levels of the fast one.
+    assert np.abs(full.astype(int) - decode.decode_jpeg_scaled(data, 3).astype(int)).max() <= 4
+    assert np.abs(pillow.astype(int) - with_turbo.astype(int)).mean() < 2
