@@ -256,3 +256,43 @@ def test_strategy_room_imports_go_one_way():
     assert circles(graph) == []
     top = room + "strategy"
     assert sorted(name for name, targets in graph.items() if top in targets) == []
+
+
+# phalanx._src's layers (DESIGN.md), highest first: a module imports only its own layer and
+# the layers above it. `image` (NumPy image ops) sits above `data`, whose `map` opens their
+# random streams; `strategy` owns what may cross to the devices, which `data` checks.
+LAYERS = (
+    ("compilation_cache",),
+    ("cluster",),
+    ("strategy",),
+    ("image",),
+    ("data",),
+    ("datasets", "report"),
+    ("train",),
+    ("tune",),
+    ("launch",),
+    ("cli",),
+)
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["phalanx", "_src"] or len(parts) < 3:
+        return None
+    return next((i for i, layer in enumerate(LAYERS) if parts[2] in layer), None)
+
+
+def test_layers_import_only_down():
+    listed = {name for layer in LAYERS for name in layer}
+    present = {p.stem for p in (PACKAGE / "_src").iterdir() if p.name != "__init__.py"}
+    present.discard("__pycache__")
+    assert present == listed, "a layer was added or removed: place it in LAYERS"
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in import_graph().items()
+        for target in targets
+        if (mine := _layer(name)) is not None
+        and (theirs := _layer(target)) is not None
+        and theirs > mine
+    )
+    assert upward == []

@@ -15,6 +15,7 @@ import numpy as np
 
 from phalanx._src.data import validation
 from phalanx._src.data.dataset import Dataset
+from phalanx._src.strategy import device_batch
 
 _KINDS = (
     "NumPy arrays (x, a tuple (x, y) or a dict) with batch_size, a phalanx.data.Dataset, a "
@@ -184,7 +185,7 @@ def as_batches(
       ValueError, TypeError: bad arrays or batch size (see `Dataset.from_tensor_slices`),
         a batch_size for a source that batches itself, or an unsupported type; arrays or
         foreign batches holding strings or Python objects, which cannot go to the devices
-        (`validation.check_device_batch`; a phalanx Dataset's batches are checked where
+        (`device_batch.check_device_batch`; a phalanx Dataset's batches are checked where
         they reach the devices).
 
     Example:
@@ -208,7 +209,7 @@ def as_batches(
         dataset = Dataset._from_arrays(data, root="x")
         # These batches go to the devices (fit, evaluate, predict): refuse strings now,
         # before anything is traced, rather than at the first step.
-        validation.check_device_batch(data, "the input arrays", root="x")
+        device_batch.check_device_batch(data, "the input arrays", root="x")
         if shuffle:
             dataset = dataset.shuffle(len(dataset), seed=seed)
         return dataset.batch(batch_size, drop_remainder)

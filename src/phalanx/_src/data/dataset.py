@@ -24,9 +24,10 @@ from phalanx._src.data.dataset_map import DatasetMap
 from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
 from phalanx._src.data.dataset_tf import DatasetTF
 from phalanx._src.data.iterator import DatasetIterator
-from phalanx._src.data.keras_input import KerasInput
 from phalanx._src.data.options import Options
 from phalanx._src.data.stream_nested import StreamBatch
+from phalanx._src.strategy import device_batch
+from phalanx._src.strategy.keras_input import KerasInput
 
 _INDEX_VIEW_NODES = (
     plan.Source,
@@ -111,13 +112,13 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: pla
         Example:
           >>> Dataset.from_tensors([[1.0]]).repeat().batch(8)  # batches of shape (8, 1, 1)
         """
-        named, treedef = validation.named_leaves(tensors, "tensors")
+        named, treedef = device_batch.named_leaves(tensors, "tensors")
         rows = [validation.to_numpy(name, leaf)[None] for name, leaf in named]
         return cls(plan.Source(rows, treedef))
 
     @classmethod
     def _from_arrays(cls, tensors: Any, root: str) -> Dataset:
-        named, treedef = validation.named_leaves(tensors, root)
+        named, treedef = device_batch.named_leaves(tensors, root)
         arrays = [(name, validation.to_numpy(name, leaf)) for name, leaf in named]
         validation.check_rows(arrays)
         return cls(plan.Source([a for _, a in arrays], treedef))
@@ -384,11 +385,11 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: pla
 
     def _check_device_ready(self, where: str) -> None:
         """Refuses now, before anything is traced, an index pipeline over arrays that hold
-        strings or objects (`validation.check_device_batch`); a pipeline that computes its
+        strings or objects (`device_batch.check_device_batch`); a pipeline that computes its
         elements (map, ...) is checked batch by batch where its batches reach the devices."""
         source = self._index_source()
         if source is not None:
-            validation.check_device_batch(source.treedef.unflatten(source.leaves), where)
+            device_batch.check_device_batch(source.treedef.unflatten(source.leaves), where)
 
     # -- iteration --------------------------------------------------------------------------
 

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from phalanx._src.data import validation
+from phalanx._src.data import index_ops, plan, validation
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.image import randomness
+
+
+def map_words(node: Any, key: Sequence[int], position: int) -> tuple[int, ...]:
+    """The stream key of element `position` of iteration `key` of a map node.
+
+    The shuffle seeds below the map (recorded in iterator states, so a restored iterator
+    draws alike) and the map's depth (two maps draw different numbers) are computed once
+    per node.
+    """
+    base = node.__dict__.get("_stream_base")
+    if base is None:
+        below = plan.chain(node.parent)
+        base = (len(below), *index_ops.seeds(node.parent))
+        node.__dict__["_stream_base"] = base
+    return (*base, len(key), *key, int(position))
 
 
 @dataclasses.dataclass(eq=False)
@@ -26,7 +41,7 @@ class Map(Node):
 
     def _call(self, element: Any, key: Key = (), position: int = 0) -> Any:
         # Random ops inside fn draw from the element's own stream (reproducible, resumable).
-        with randomness.element_stream(randomness.map_words(self, key, position)):
+        with randomness.element_stream(map_words(self, key, position)):
             out = self.fn(*element) if type(element) is tuple else self.fn(element)
         return validation.to_numpy_tree(out, "map output")
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from phalanx._src.data.validation import host_array
+from phalanx._src.strategy.device_batch import host_array
 
 
 class AutoShardPolicy(enum.IntEnum):
@@ -175,7 +175,7 @@ class TensorSpec:
                 ) from None
             object.__setattr__(self, "shape", shape)
         dtype = np.dtype(self.dtype)
-        # Strings live in object arrays on the host (`validation.host_array`), so `str`,
+        # Strings live in object arrays on the host (`device_batch.host_array`), so `str`,
         # `bytes` and NumPy's `U`/`S` all name the one string dtype, as tf.string does.
         object.__setattr__(self, "dtype", np.dtype(object) if dtype.kind in "US" else dtype)
 
@@ -195,7 +195,7 @@ def spec_of(value: Any, batched_unknown: bool = False) -> TensorSpec:
     """The TensorSpec of an array; with `batched_unknown`, its first dimension is None.
 
     A string leaf (a Python str or bytes, or a batch of them) has dtype object, as the
-    host pipeline holds it (`validation.host_array`).
+    host pipeline holds it (`device_batch.host_array`).
     """
     array = host_array(value)
     shape = tuple(array.shape)

@@ -23,6 +23,7 @@ from typing import Any
 
 from phalanx._src.data import validation
 from phalanx._src.data.autotune import Tuner
+from phalanx._src.strategy import device_batch
 
 _END = object()
 _POLL_S = 0.05  # How often a blocked producer or consumer rechecks the stop flag.
@@ -49,7 +50,7 @@ def _checked(put_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     the host, but a batch holding them gets a clear error here instead of one from XLA."""
 
     def put(batch: Any) -> Any:
-        validation.check_device_batch(batch, "DevicePrefetcher's put_fn input")
+        device_batch.check_device_batch(batch, "DevicePrefetcher's put_fn input")
         return put_fn(batch)
 
     return put

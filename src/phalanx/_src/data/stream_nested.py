@@ -17,6 +17,7 @@ import numpy as np
 from phalanx._src.data import validation
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.stream import Stream, _Cursor, _get, call, open_node
+from phalanx._src.strategy import device_batch
 from phalanx._src.strategy.layout import ceil_split
 
 
@@ -44,7 +45,7 @@ class StreamBatch(Stream):
         values = self._values(treedef) if self.pad else [0] * len(leaves0)
         out = []
         for i, (shape, value) in enumerate(zip(shapes, values, strict=True)):
-            rows = [validation.host_array(column[i]) for column in columns]
+            rows = [device_batch.host_array(column[i]) for column in columns]
             if not self.pad:
                 found = sorted({r.shape for r in rows})
                 if len(found) > 1:

@@ -5,9 +5,10 @@ stream, so a tf.data map with them is only reproducible with a global seed and
 `deterministic=True`, and never across a different number of parallel calls. Here,
 `Dataset.map` opens an *element stream* around each call of its function, keyed by the
 shuffle seeds below the map (recorded in the iterator's state), the iteration key and the
-element's position. An op without `seed` then draws the next numbers of that stream; an op
-with `seed=s` draws from a stream of its own keyed by the same words and `s`. Either way the
-numbers depend only on where the element sits in the dataset, so every run, a resumed
+element's position (the data room's `element_ops.map_words` computes the key). An op
+without `seed` then draws the next numbers of that stream; an op with `seed=s` draws from
+a stream of its own keyed by the same words and `s`. Either way the numbers depend only on
+where the element sits in the dataset, so every run, a resumed
 iterator, and any number of thread or process workers give the same batches.
 
 Outside a map, an op without a seed draws from NumPy's global generator (so
@@ -76,23 +77,6 @@ def element_stream(words: Sequence[int]) -> Iterator[ElementStream]:
         raise RuntimeError(f"the map function raised StopIteration ({error!r})") from None
     finally:
         _local.stream = previous
-
-
-def map_words(node: Any, key: Sequence[int], position: int) -> tuple[int, ...]:
-    """The stream key of element `position` of iteration `key` of a map node.
-
-    The shuffle seeds below the map (recorded in iterator states, so a restored iterator
-    draws alike) and the map's depth (two maps draw different numbers) are computed once
-    per node.
-    """
-    base = node.__dict__.get("_stream_base")
-    if base is None:
-        from phalanx._src.data import index_ops, plan
-
-        below = plan.chain(node.parent)
-        base = (len(below), *index_ops.seeds(node.parent))
-        node.__dict__["_stream_base"] = base
-    return (*base, len(key), *key, int(position))
 
 
 def current_stream() -> ElementStream | None:

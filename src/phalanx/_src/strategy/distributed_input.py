@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from phalanx._src.data.keras_input import KerasInput
-from phalanx._src.data.validation import check_device_batch
+from phalanx._src.strategy.device_batch import check_device_batch
 from phalanx._src.strategy.distribute import BatchDistributor
+from phalanx._src.strategy.keras_input import KerasInput
 from phalanx._src.strategy.optional import Optional
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from phalanx._src.data import validation
+from phalanx._src.strategy import device_batch
 from phalanx._src.train.api import losses as losses_lib
 from phalanx._src.train.engine.step import unpack
 
@@ -263,7 +263,7 @@ def check_batch(engine: Engine, batch: Any, phase: str = "fit") -> None:
         use.
     """
     # Strings first: the abstract trace below would fail on them with XLA's words.
-    validation.check_device_batch(batch, "a batch going to the model")
+    device_batch.check_device_batch(batch, "a batch going to the model")
     x, y, _ = unpack(batch)
     require_labels(engine, x, y, phase)
     if x is None or not jax.tree.leaves(x):

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from phalanx._src.data import validation
+from phalanx._src.strategy import device_batch
 
 
 class Groups:
@@ -31,7 +31,7 @@ class Groups:
                 self.exhausted = True
                 break
             # The device boundary: strings are fine in the host pipeline, not in a step.
-            validation.check_device_batch(batch, "a batch going to the model")
+            device_batch.check_device_batch(batch, "a batch going to the model")
             group.append(batch)
             if self._left is not None:
                 self._left -= 1
