@@ -47,6 +47,9 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow (a test-only extra, compared side by side) logs its CPU features at import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Keras's backend is fixed by its first import, whichever test makes it; with TensorFlow
+# installed its default would be TensorFlow. phalanx takes Keras on JAX.
+os.environ.setdefault("KERAS_BACKEND", "jax")
 # The tests compile into a cache of their own in the temp folder, kept from run to run, and
 # never into the user's (~/.cache/phalanx/jax); the processes they start share it.
 COMPILATION_CACHE = Path(tempfile.gettempdir()) / f"phalanx-tests-{os.getuid()}" / "jax"

@@ -33,10 +33,16 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from jax._src import core as jax_core  # the current trace: no public accessor in jax 0.10
-from jax._src.interpreters import ad as jax_ad
+try:  # the current trace: no public accessor in jax 0.10
+    from jax._src import core as jax_core
+    from jax._src.interpreters import ad as jax_ad
 
-_DIFFERENTIATING = (jax_ad.JVPTrace, jax_ad.LinearizeTrace)
+    _DIFFERENTIATING = (jax_ad.JVPTrace, jax_ad.LinearizeTrace)
+    jax_core.unsafe_get_trace_stack  # noqa: B018 (probed: used at every read)
+    jax_core.trace_ctx  # noqa: B018
+except (ImportError, AttributeError):  # a JAX whose internals moved: reads become errors
+    jax_core = None
+    _DIFFERENTIATING = ()
 _STATE = threading.local()  # the phalanx scope in force, to tell its reads from Keras's own
 
 
@@ -94,6 +100,8 @@ class _Losses:
         self.original_regularization = keras_model._get_regularization_losses
 
     def stateless_call(self, *args: Any, return_losses: bool = False, **kwargs: Any) -> Any:
+        if jax_core is None:
+            return self.original_call(*args, return_losses=return_losses, **kwargs)
         outputs, non_trainable, losses = self.original_call(*args, return_losses=True, **kwargs)
         self.record = _Record(list(losses), jax_core.trace_ctx.trace)
         return (outputs, non_trainable, losses) if return_losses else (outputs, non_trainable)
@@ -101,6 +109,12 @@ class _Losses:
     def regularization(self) -> list:
         if getattr(_STATE, "scope", None) is not _current_keras_scope():
             return self.original_regularization()  # Keras's own read (inside stateless_call)
+        if jax_core is None:
+            raise ValueError(
+                f"{self.what}: the step reads `{self.label}.losses`, and this JAX version "
+                "hides the trace phalanx needs to tell which weights' losses are meant, so "
+                f"it cannot give them their gradient. {_fix(self.label)}"
+            )
         stack = _trace_stack()
         record = self.record
         if record is not None:
