@@ -10,8 +10,10 @@ at a time, interleaved over the variants (a busy neighbour hits each alike), bes
 --rounds after a warm-up epoch:
 
 - phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
-  Inception crop, 224x224 bilinear, random flip, uint8) -> batch 64; and the same with a
-  float32 [0, 1] output (as TF's) for the like-for-like row;
+  Inception crop, 224x224 bilinear WITHOUT antialias as TF's ResNet code resizes, random
+  flip, uint8) -> batch 64; the same with a float32 [0, 1] output (as TF's), the
+  like-for-like row; and the same uint8 path with antialias=True (Pillow's C resampler:
+  more filtering than TF does, shown for its speed, not compared like for like);
 - tf.data (when TensorFlow is installed): TF's official ResNet-50 training preprocessing:
   parse, sample_distorted_bounding_box, decode_and_crop_jpeg, resize 224 (bilinear),
   random_flip_left_right, / 255 -> batch 64 -> prefetch, on a private thread pool of the
@@ -22,6 +24,11 @@ at a time, interleaved over the variants (a busy neighbour hits each alike), bes
 Worker counts: --workers (0 means AUTOTUNE; tf.data's own AUTOTUNE then gets the machine).
 Images/s of the pipeline alone, no model. The table shows each rate and its ratio to
 tf.data's at the same setting.
+
+    python benchmarks/bench_imagenet_input.py --stages --images 300
+
+times the pieces of one image's preprocessing instead (sequential, one thread, each piece
+interleaved image by image, CPU milliseconds per image): where the time goes.
 """
 
 from __future__ import annotations
@@ -97,9 +104,20 @@ def write_files(folder: Path, jpegs: list[bytes], shards: int = 8) -> tuple[list
 
 
 def preprocess(record: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """phalanx's ResNet training preprocessing: uint8, normalised later on the device."""
+    """phalanx's ResNet training preprocessing: uint8, normalised later on the device.
+
+    Bilinear without antialias, as TF's official ResNet preprocessing resizes, so the
+    pipelines do the same work.
+    """
     example = data.parse_single_example(record, SPEC)
-    pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE)
+    pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE, antialias=False)
+    return pixels, example["image/class/label"]
+
+
+def preprocess_antialias(record: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The same with antialias=True: Pillow's C resampler (TF's antialiased kernels)."""
+    example = data.parse_single_example(record, SPEC)
+    pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE, antialias=True)
     return pixels, example["image/class/label"]
 
 
@@ -192,6 +210,71 @@ def epoch_rate(pipeline, expected: int) -> tuple[float, float]:
     return count / seconds, count / cpu_seconds
 
 
+def time_stages(count: int) -> None:
+    """CPU milliseconds per image of each piece, sequential, interleaved image by image."""
+    jpegs = make_jpegs(count)
+    records = [data.make_example({"image/encoded": j, "image/class/label": 0}) for j in jpegs]
+    box = np.asarray([[[0.0, 0.0, 1.0, 1.0]]], np.float32)
+    out = np.empty((*SIZE, 3), np.uint8)
+    stages: dict[str, object] = {
+        "parse_single_example": lambda k: data.parse_single_example(records[k], SPEC),
+        "extract_jpeg_shape + sample_distorted_bounding_box": lambda k: (
+            image.sample_distorted_bounding_box(
+                image.extract_jpeg_shape(jpegs[k]), box, use_image_if_no_bounding_boxes=True
+            )
+        ),
+        "decode_jpeg (full size, libjpeg-turbo)": lambda k: image.decode_jpeg(jpegs[k], 3),
+        "decode_jpeg, ratio=2 (DCT-domain 1/2)": lambda k: image.decode_jpeg(jpegs[k], 3, 2),
+        "decode_jpeg, ratio=4": lambda k: image.decode_jpeg(jpegs[k], 3, 4),
+        "decode_jpeg, ratio=8": lambda k: image.decode_jpeg(jpegs[k], 3, 8),
+        "fused, antialias=False (decode + resize + flip + round)": lambda k: (
+            image.decode_crop_resize_flip(jpegs[k], windows[k], SIZE, flip=k % 2 == 1, out=out)
+        ),
+        "fused, antialias=True (Pillow resampler)": lambda k: image.decode_crop_resize_flip(
+            jpegs[k], windows[k], SIZE, flip=k % 2 == 1, antialias=True, out=out
+        ),
+        "whole map function (preprocess)": lambda k: preprocess(records[k]),
+    }
+    try:
+        import tensorflow as tf
+
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        stages["TF eager: decode_and_crop_jpeg"] = lambda k: tf.image.decode_and_crop_jpeg(
+            jpegs[k], windows[k], channels=3
+        )
+        stages["TF eager: resize (bilinear, float32)"] = lambda k: tf.image.resize(crops[k], SIZE)
+    except ImportError:
+        tf = None
+    rng = np.random.default_rng(0)
+    windows = []
+    for jpeg in jpegs:
+        begin, size, _ = image.sample_distorted_bounding_box(
+            image.extract_jpeg_shape(jpeg), box, seed=int(rng.integers(1 << 30)),
+            use_image_if_no_bounding_boxes=True,
+        )  # fmt: skip
+        windows.append([int(begin[0]), int(begin[1]), int(size[0]), int(size[1])])
+    crops = [image.decode_and_crop_jpeg(j, w, 3) for j, w in zip(jpegs, windows, strict=True)]
+    if tf is not None:
+        crops = [tf.constant(c) for c in crops]
+    spent = dict.fromkeys(stages, 0.0)
+    for k in range(min(count, 20)):  # warm-up: imports, caches, TF's kernels
+        for stage in stages.values():
+            stage(k)
+    for k in range(count):
+        for name, stage in stages.items():
+            began = time.process_time()
+            stage(k)
+            spent[name] += time.process_time() - began
+    print(f"\n## CPU ms per image, {count} JPEGs 500x375, sequential, interleaved\n")
+    print("| piece | ms |\n|---|---|")
+    for name, seconds in spent.items():
+        print(f"| {name} | {1e3 * seconds / count:.3f} |")
+    fused = spent["fused, antialias=False (decode + resize + flip + round)"]
+    decode = spent["decode_jpeg (full size, libjpeg-turbo)"]
+    print(f"| (fused minus decode: resize, flip, round) | {1e3 * (fused - decode) / count:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=1024)
@@ -199,7 +282,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 0])
     parser.add_argument("--no-tf", action="store_true", help="skip tf.data")
     parser.add_argument("--no-grain", action="store_true", help="skip Grain")
+    parser.add_argument("--stages", action="store_true", help="time the pieces per image")
     args = parser.parse_args()
+    if args.stages:
+        time_stages(args.images)
+        return
 
     try:
         if args.no_tf:
@@ -222,6 +309,9 @@ def main() -> None:
             variants[("phalanx (uint8)", workers)] = phalanx_pipeline(paths, workers)
             variants[("phalanx (float32)", workers)] = phalanx_pipeline(
                 paths, workers, preprocess_float
+            )
+            variants[("phalanx (uint8, antialias)", workers)] = phalanx_pipeline(
+                paths, workers, preprocess_antialias
             )
             if not args.no_grain:
                 variants[("Grain/ArrayRecord (uint8)", workers)] = GrainPipeline(

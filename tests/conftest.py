@@ -150,13 +150,14 @@ def _no_leaked_threads():
     pytest.fail(f"test leaked threads: {[t.name for t in leaked]}")
 
 
-# What `import tensorflow` (the test-only extra) writes into os.environ the first time a test
-# imports it: set once by TensorFlow, not leaked by the test.
+# What TensorFlow (the test-only extra) writes into os.environ when a test first imports it
+# or runs its first op: set once by TensorFlow, not leaked by the test.
 TF_IMPORT_ENV = frozenset(
     {
         "ENABLE_RUNTIME_UPTIME_TELEMETRY",
         "HDF5_PLUGIN_PATH",
         "TF2_BEHAVIOR",
+        "TF_FORCE_GPU_ALLOW_GROWTH",  # set by TF's first op, through the Keras loader
         "TPU_ML_PLATFORM",
         "TPU_ML_PLATFORM_VERSION",
     }

