@@ -182,20 +182,6 @@ class _FilterCursor(_Cursor):
 
 
 @dataclasses.dataclass(eq=False)
-class StreamMap(Stream):
-    parent: Node
-    fn: Callable[..., Any]
-
-    def open(self, key: Key, state: dict | None) -> Any:
-        return _MapCursor(self, key, state)
-
-
-class _MapCursor(_Cursor):
-    def __next__(self) -> Any:
-        return validation.to_numpy_tree(call(self.node.fn, next(self.parent)), "map output")
-
-
-@dataclasses.dataclass(eq=False)
 class StreamTake(Stream):
     parent: Node
     count: int
