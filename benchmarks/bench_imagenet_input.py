@@ -210,6 +210,17 @@ def epoch_rate(pipeline, expected: int) -> tuple[float, float]:
     return count / seconds, count / cpu_seconds
 
 
+def _without_opencv(fn, *args, **kwargs):
+    """`fn` with phalanx.image's OpenCV path switched off (its NumPy fallback), for --stages."""
+    from phalanx._src.image import opencv
+
+    saved, opencv._cv2 = opencv._cv2, None
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        opencv._cv2 = saved
+
+
 def time_stages(count: int) -> None:
     """CPU milliseconds per image of each piece, sequential, interleaved image by image."""
     jpegs = make_jpegs(count)
@@ -227,8 +238,11 @@ def time_stages(count: int) -> None:
         "decode_jpeg, ratio=2 (DCT-domain 1/2)": lambda k: image.decode_jpeg(jpegs[k], 3, 2),
         "decode_jpeg, ratio=4": lambda k: image.decode_jpeg(jpegs[k], 3, 4),
         "decode_jpeg, ratio=8": lambda k: image.decode_jpeg(jpegs[k], 3, 8),
-        "fused, antialias=False (decode + resize + flip + round)": lambda k: (
+        "fused, antialias=False (decode + OpenCV resize + flip)": lambda k: (
             image.decode_crop_resize_flip(jpegs[k], windows[k], SIZE, flip=k % 2 == 1, out=out)
+        ),
+        "fused, antialias=False, NumPy taps (without OpenCV)": lambda k: _without_opencv(
+            image.decode_crop_resize_flip, jpegs[k], windows[k], SIZE, flip=k % 2 == 1, out=out
         ),
         "fused, antialias=True (Pillow resampler)": lambda k: image.decode_crop_resize_flip(
             jpegs[k], windows[k], SIZE, flip=k % 2 == 1, antialias=True, out=out
@@ -270,7 +284,7 @@ def time_stages(count: int) -> None:
     print("| piece | ms |\n|---|---|")
     for name, seconds in spent.items():
         print(f"| {name} | {1e3 * seconds / count:.3f} |")
-    fused = spent["fused, antialias=False (decode + resize + flip + round)"]
+    fused = spent["fused, antialias=False (decode + OpenCV resize + flip)"]
     decode = spent["decode_jpeg (full size, libjpeg-turbo)"]
     print(f"| (fused minus decode: resize, flip, round) | {1e3 * (fused - decode) / count:.3f} |")
 

@@ -77,5 +77,5 @@ def resize_into(
     np.add(result, step, out=result)
     # Convex weights keep the values in [0, 255]: rounding needs no clip, the cast is exact.
     np.rint(result, out=result)
-    out.reshape(shape)[...] = result
+    out[...] = result.reshape(out.shape)  # (a reshape of a strided `out` would be a copy)
     return out

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.image import bilinear, boxes, decode, randomness, resample, resize
+from phalanx._src.image import bilinear, boxes, decode, opencv, randomness, resample, resize
 
 
 def _scale_eighths(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
@@ -113,6 +113,8 @@ def decode_crop_resize_flip(
             return fast_path
     image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast)
     fy, fx = image.shape[0] / height, image.shape[1] / width
+    if method == "bilinear" and not antialias and opencv.usable(out):  # TF's ResNet resize
+        return opencv.resize_window_into(image, (y * fy, x * fx, h * fy, w * fx), flip, out)
     rows = resample.taps_for(method, antialias, image.shape[0], out_h, y * fy, h * fy)
     cols = resample.taps_for(method, antialias, image.shape[1], out_w, x * fx, w * fx)
     if flip:

@@ -1,0 +1,17 @@
+"""Fixtures of the phalanx.image tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx._src.image import opencv
+
+
+@pytest.fixture(params=["opencv", "numpy"])
+def backend(request, monkeypatch):
+    """The fused bilinear resize through OpenCV (where installed), then through NumPy's taps."""
+    if request.param == "opencv":
+        pytest.importorskip("cv2", reason="OpenCV is phalanx's `image` extra")
+    else:
+        monkeypatch.setattr(opencv, "_cv2", None)
+    return request.param
