@@ -19,7 +19,10 @@ at a time, interleaved over the variants (a busy neighbour hits each alike), bes
   random_flip_left_right, / 255 -> batch 64 -> prefetch, on a private thread pool of the
   same size;
 - Grain over ArrayRecord: the phalanx.image preprocessing (Grain has none) in Grain's
-  threads (ReadOptions.num_threads).
+  threads (ReadOptions.num_threads);
+- with --processes, phalanx's uint8 pipeline over the ArrayRecord file (random access)
+  mapped in worker processes (`workers="process"`, shared-memory results); its CPU time
+  is the children's, so it has no images-per-CPU-second cell.
 
 Worker counts: --workers (0 means AUTOTUNE; tf.data's own AUTOTUNE then gets the machine).
 Images/s of the pipeline alone, no model. The table shows each rate and its ratio to
@@ -133,6 +136,13 @@ def phalanx_pipeline(paths: list[str], workers: int, fn=preprocess) -> data.Data
     return ds.map(fn, num_parallel_calls=calls).batch(BATCH)
 
 
+def phalanx_processes(array_path: str, workers: int) -> data.Dataset:
+    """The uint8 pipeline over the ArrayRecord file (random access), mapped in processes."""
+    calls = data.AUTOTUNE if workers == 0 else workers
+    ds = data.ArrayRecordDataset([array_path])
+    return ds.map(preprocess, num_parallel_calls=calls, workers="process").batch(BATCH)
+
+
 def tf_pipeline(paths: list[str], workers: int):
     import tensorflow as tf
 
@@ -208,6 +218,10 @@ def epoch_rate(pipeline, expected: int) -> tuple[float, float]:
     if count != expected:
         raise RuntimeError(f"{pipeline!r} gave {count} images in an epoch, not {expected}")
     return count / seconds, count / cpu_seconds
+
+
+# Rows whose work runs in worker processes: this process's CPU time does not count it.
+CHILD_PROCESS_ROWS = ("phalanx ArrayRecord (uint8, processes)",)
 
 
 def _without_opencv(fn, *args, **kwargs):
@@ -297,6 +311,9 @@ def main() -> None:
     parser.add_argument("--no-tf", action="store_true", help="skip tf.data")
     parser.add_argument("--no-grain", action="store_true", help="skip Grain")
     parser.add_argument("--stages", action="store_true", help="time the pieces per image")
+    parser.add_argument(
+        "--processes", action="store_true", help="add phalanx over ArrayRecord in processes"
+    )
     args = parser.parse_args()
     if args.stages:
         time_stages(args.images)
@@ -327,6 +344,8 @@ def main() -> None:
             variants[("phalanx (uint8, antialias)", workers)] = phalanx_pipeline(
                 paths, workers, preprocess_antialias
             )
+            if args.processes:
+                variants[(CHILD_PROCESS_ROWS[0], workers)] = phalanx_processes(array_path, workers)
             if not args.no_grain:
                 variants[("Grain/ArrayRecord (uint8)", workers)] = GrainPipeline(
                     array_path, workers
@@ -355,6 +374,9 @@ def main() -> None:
             for name in names:
                 cells = []
                 for w in args.workers:
+                    if table is per_cpu and name in CHILD_PROCESS_ROWS:
+                        cells.append("-")
+                        continue
                     rate = table[(name, w)]
                     reference = table.get(("tf.data (float32)", w))
                     ratio = f" ({rate / reference:.2f}x)" if reference and name[:2] != "tf" else ""
