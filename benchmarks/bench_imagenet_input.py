@@ -12,8 +12,10 @@ at a time, interleaved over the variants (a busy neighbour hits each alike), bes
 - phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
   Inception crop, 224x224 bilinear WITHOUT antialias as TF's ResNet code resizes, random
   flip, uint8) -> batch 64; the same with a float32 [0, 1] output (as TF's), the
-  like-for-like row; and the same uint8 path with antialias=True (Pillow's C resampler:
-  more filtering than TF does, shown for its speed, not compared like for like);
+  like-for-like row; TF's preprocessing function below ported with renames only (tf.image
+  -> phalanx.image: unfused, float32, what a user porting TF code gets first); and the
+  same uint8 path with antialias=True (Pillow's C resampler: more filtering than TF does,
+  shown for its speed, not compared like for like);
 - tf.data (when TensorFlow is installed): TF's official ResNet-50 training preprocessing:
   parse, sample_distorted_bounding_box, decode_and_crop_jpeg, resize 224 (bilinear),
   random_flip_left_right, / 255 -> batch 64 -> prefetch, on a private thread pool of the
@@ -128,6 +130,28 @@ def preprocess_float(record: bytes) -> tuple[np.ndarray, np.ndarray]:
     """The same, scaled to float32 [0, 1] on the host, as TF's pipeline outputs."""
     pixels, label = preprocess(record)
     return np.multiply(pixels, np.float32(1 / 255), dtype=np.float32), label  # one pass
+
+
+def preprocess_tf_port(record: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """TF's official ResNet preprocessing (tf_pipeline's) ported with renames: tf.image ->
+    phalanx.image, unfused: decode_and_crop_jpeg, random flip, float32 resize, / 255."""
+    parsed = data.parse_single_example(record, SPEC)
+    contents = parsed["image/encoded"]
+    shape = image.extract_jpeg_shape(contents)
+    begin, size, _ = image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=np.asarray([[[0.0, 0.0, 1.0, 1.0]]], np.float32),
+        min_object_covered=0.1,
+        aspect_ratio_range=[0.75, 1.33],
+        area_range=[0.05, 1.0],
+        max_attempts=100,
+        use_image_if_no_bounding_boxes=True,
+    )
+    window = np.stack([begin[0], begin[1], size[0], size[1]])
+    cropped = image.decode_and_crop_jpeg(contents, window, channels=3)
+    flipped = image.random_flip_left_right(cropped)
+    resized = image.resize(flipped, SIZE, method=image.ResizeMethod.BILINEAR)
+    return resized / 255.0, parsed["image/class/label"]
 
 
 def phalanx_pipeline(paths: list[str], workers: int, fn=preprocess) -> data.Dataset:
@@ -340,6 +364,9 @@ def main() -> None:
             variants[("phalanx (uint8)", workers)] = phalanx_pipeline(paths, workers)
             variants[("phalanx (float32)", workers)] = phalanx_pipeline(
                 paths, workers, preprocess_float
+            )
+            variants[("phalanx (TF port, float32)", workers)] = phalanx_pipeline(
+                paths, workers, preprocess_tf_port
             )
             variants[("phalanx (uint8, antialias)", workers)] = phalanx_pipeline(
                 paths, workers, preprocess_antialias

@@ -9,7 +9,8 @@ from phalanx._src.image import opencv
 
 @pytest.fixture(params=["opencv", "numpy"])
 def backend(request, monkeypatch):
-    """The fused bilinear resize through OpenCV (where installed), then through NumPy's taps."""
+    """phalanx.image's OpenCV paths (where installed: the fused crop-resize-flip and the
+    bilinear `resize`), then the NumPy fallbacks they replace."""
     if request.param == "opencv":
         pytest.importorskip("cv2", reason="OpenCV is phalanx's `image` extra")
     else:

@@ -145,3 +145,23 @@ def test_matches_tensorflow_on_an_imagenet_sized_crop(window, monkeypatch):
     # As test_image_fused's: TF's cropped decode upsamples chroma differently along the
     # window's edge; elsewhere only rounding is left.
     assert difference.max() <= 4.5 and difference.mean() < 0.3
+
+
+@pytest.mark.parametrize(
+    ("shape", "size", "dtype"),
+    [
+        ((300, 350, 3), (224, 224), np.uint8),  # an Inception crop, shrunk
+        ((448, 448, 3), (224, 224), np.float32),  # exactly 2x (OpenCV switches to its area path)
+        ((30, 35, 1), (224, 200), np.float32),  # enlarged, one channel
+        ((2, 40, 50, 7), (17, 23), np.float64),  # a batch, seven channels, float64 in
+    ],
+)
+def test_resize_bilinear_through_opencv_equals_the_numpy_taps(shape, size, dtype, monkeypatch):
+    pytest.importorskip("cv2", reason="OpenCV is phalanx's `image` extra")
+    pixels = np.random.default_rng(6).uniform(0, 255, shape).astype(dtype)
+    ours = image.resize(pixels, size)
+    monkeypatch.setattr(opencv, "_cv2", None)
+    taps = image.resize(pixels, size)
+    assert ours.dtype == taps.dtype == np.float32 and ours.shape == taps.shape
+    # OpenCV's float path weighs in float32 as the taps do: equal to float rounding.
+    np.testing.assert_allclose(ours, taps, atol=1e-3, rtol=0)

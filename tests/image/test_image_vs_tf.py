@@ -19,7 +19,7 @@ def _check(name: str, ours: np.ndarray, theirs: np.ndarray, atol: float) -> None
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_matches_tensorflow(case):
+def test_matches_tensorflow(case, backend):
     tf = pytest.importorskip("tensorflow", reason="TF's outputs are checked live where TF is")
     name, ours, theirs, atol = case
     values = all_inputs()
@@ -27,7 +27,7 @@ def test_matches_tensorflow(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_matches_stored_reference(case):
+def test_matches_stored_reference(case, backend):
     """The same comparison without TensorFlow: TF's outputs stored by make_reference.py.
 
     The stored inputs are the JPEG and PNG bytes TF decoded, so encoders do not matter."""
