@@ -115,7 +115,7 @@ def preprocess(record: bytes) -> tuple[np.ndarray, np.ndarray]:
     pipelines do the same work.
     """
     example = data.parse_single_example(record, SPEC)
-    pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE, antialias=False)
+    pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE)  # antialias=False
     return pixels, example["image/class/label"]
 
 

@@ -2,10 +2,11 @@
 
 A TF preprocessing function ports with renames (`tf.image.resize` -> `image.resize`,
 `tf.io.decode_jpeg` -> `image.decode_jpeg`). JPEGs decode with libjpeg-turbo through
-simplejpeg (the GIL released; Pillow where simplejpeg is missing), and
-`decode_crop_resize_flip` / `decode_random_resized_crop` do TF's ResNet training crop in
-one pass into uint8. Random ops inside `Dataset.map` are reproducible: they draw from a
-stream keyed by the element's position.
+simplejpeg (the GIL released; Pillow where simplejpeg is missing), the bilinear resize
+runs in OpenCV where it is installed, and `decode_crop_resize_flip` /
+`decode_random_resized_crop` do TF's ResNet training crop in one native call into uint8.
+Random ops inside `Dataset.map` are reproducible: they draw from a stream keyed by the
+element's position.
 
 Example:
   >>> from phalanx import data, image

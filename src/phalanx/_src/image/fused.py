@@ -208,7 +208,7 @@ def decode_random_resized_crop(
     random_flip: bool = True,
     seed: int | None = None,
     channels: int = 3,
-    antialias: bool = True,
+    antialias: bool = False,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Inception's training crop of a JPEG (TF's ResNet preprocessing), fused, as uint8.
@@ -227,9 +227,9 @@ def decode_random_resized_crop(
       random_flip: flip left-right with probability 1/2.
       seed: an op-level seed (int) or None.
       channels: 1 or 3.
-      antialias: as `resize`'s; True (the default here) filters the downscale (Pillow's
-        resampler in C); False samples as TF's ResNet code does (two taps per pixel, about
-        10 % less CPU per ImageNet-sized photo, measured by the benchmark's --stages).
+      antialias: as `resize`'s, and False by default as there: TF's ResNet resize (two
+        taps per pixel, one OpenCV call). True filters the downscale (Pillow's resampler
+        in C; about twice the CPU per ImageNet-sized photo, the benchmark's --stages).
       out: an optional preallocated uint8 output.
 
     Returns:
