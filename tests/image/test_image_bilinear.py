@@ -165,3 +165,17 @@ def test_resize_bilinear_through_opencv_equals_the_numpy_taps(shape, size, dtype
     assert ours.dtype == taps.dtype == np.float32 and ours.shape == taps.shape
     # OpenCV's float path weighs in float32 as the taps do: equal to float rounding.
     np.testing.assert_allclose(ours, taps, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.int64, np.bool_])
+@pytest.mark.parametrize("shape", [(5, 7, 3), (2, 5, 7, 1), (3, 4, 6, 512), (0, 4, 6, 3)])
+def test_flips_equal_numpys_reversal(shape, dtype, backend):
+    # OpenCV mirrors what it can take (not int64 or bool, at most 512 channels); NumPy the rest.
+    rng = np.random.default_rng(7)
+    pixels = (rng.uniform(0, 255, shape)).astype(dtype)
+    np.testing.assert_array_equal(image.flip_left_right(pixels), pixels[..., ::-1, :])
+    flipped = image.stateless_random_flip_left_right(pixels, seed=(1, 2))
+    kept = np.all(flipped == pixels, axis=(-3, -2, -1))
+    mirrored = np.all(flipped == pixels[..., ::-1, :], axis=(-3, -2, -1))
+    assert np.all(kept | mirrored)
+    assert image.random_flip_left_right(pixels, seed=4).flags.c_contiguous

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.image import randomness
+from phalanx._src.image import opencv, randomness
 
 
 def _image(image: Any, what: str) -> np.ndarray:
@@ -31,8 +31,13 @@ def flip_left_right(image: Any) -> np.ndarray:
     Example:
       >>> flip_left_right(np.arange(6).reshape(1, 3, 2))[0, :, 0]   # array([4, 2, 0])
     """
-    array = _image(image, "flip_left_right")
-    return np.ascontiguousarray(array[..., ::-1, :])
+    return _mirrored(_image(image, "flip_left_right"))
+
+
+def _mirrored(array: np.ndarray) -> np.ndarray:
+    """Images (..., h, w, c) mirrored left-right, new: OpenCV's SIMD pass, else NumPy's."""
+    flipped = opencv.flip_left_right(array)
+    return flipped if flipped is not None else np.ascontiguousarray(array[..., ::-1, :])
 
 
 def flip_up_down(image: Any) -> np.ndarray:
@@ -49,11 +54,16 @@ def _random_flip(image: Any, rng: Any, axis: int, what: str) -> np.ndarray:
     array = _image(image, what)
     if array.ndim == 3:
         flip = randomness.uniform(rng, 0.0, 1.0) < 0.5
-        return np.ascontiguousarray(np.flip(array, axis)) if flip else array.copy()
+        return _flipped(array, axis) if flip else array.copy()
     flips = randomness.uniform(rng, 0.0, 1.0, len(array)) < 0.5
     out = array.copy()
-    out[flips] = np.flip(array[flips], axis + 1)
+    out[flips] = _flipped(array[flips], axis)
     return out
+
+
+def _flipped(array: np.ndarray, axis: int) -> np.ndarray:
+    """Images mirrored along `axis` of one image (0: up-down, 1: left-right), new."""
+    return _mirrored(array) if axis == 1 else np.ascontiguousarray(np.flip(array, -3))
 
 
 def random_flip_left_right(image: Any, seed: int | None = None) -> np.ndarray:

@@ -17,6 +17,9 @@ took ~0.17 ms per 224x224 image, where the five NumPy passes of `bilinear` took 
   where cropping first would repeat the edge, so it is within a few levels of the NumPy
   taps there.
 
+`flip_left_right` mirrors images in one SIMD pass: NumPy's copy of a reversed axis moves
+one 3-byte pixel at a time (0.56 ms for a 300x350 RGB crop, against ~0.03 ms).
+
 `resize_float` is `tf.image.resize(images, size)` (bilinear, no antialias) of a float32
 image: OpenCV's float path uses float weights, so it equals TF's to float rounding (3e-5
 on values up to 255), at ~1/8 of the NumPy taps' time on a 224x224 output.
@@ -29,7 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-_MAX_CHANNELS = 512  # OpenCV's CV_CN_MAX (not exported to Python)
+_MAX_CHANNELS = 511  # the Python binding maps fewer than CV_CN_MAX (512) channels
+# The element types every OpenCV since 4.x handles (5.x adds more).
+_DEPTHS = frozenset(np.dtype(t) for t in ("u1", "i1", "u2", "i2", "i4", "f4", "f8"))
 
 try:  # optional (phalanx's `image` extra)
     import cv2 as _cv2
@@ -103,3 +108,22 @@ def resize_float(image: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
     out_h, out_w = size
     resized = _cv2.resize(image, (out_w, out_h), interpolation=_cv2.INTER_LINEAR)
     return resized.reshape(out_h, out_w, image.shape[2])
+
+
+def flip_left_right(images: np.ndarray) -> np.ndarray | None:
+    """(..., height, width, channels) images mirrored left-right, a new array, or None.
+
+    A batch is flipped as one tall image (its rows are every image's rows). None where
+    OpenCV is missing or cannot take the array (its element type or channel count), so
+    the caller falls back to NumPy.
+
+    Example:
+      >>> flip_left_right(np.arange(6, dtype=np.uint8).reshape(1, 3, 2))[0, :, 0]   # [4, 2, 0]
+    """
+    if _cv2 is None or images.dtype not in _DEPTHS or images.shape[-1] > _MAX_CHANNELS:
+        return None
+    if images.size == 0:  # (OpenCV returns None for an empty image)
+        return images.copy()
+    width, channels = images.shape[-2:]
+    rows = np.ascontiguousarray(images).reshape(-1, width, channels)
+    return _cv2.flip(rows, 1).reshape(images.shape)
