@@ -134,6 +134,49 @@ def test_the_driver_switches_levels_at_the_current_step_and_keeps_the_order():
     assert log[-1] == ("close", 1, 40)
 
 
+class _FakePool(_FakeExecutor):
+    """Worker processes: 2 elements in flight, handed over by `drain`; kept by `release`."""
+
+    def drain(self):
+        self.step += 2
+        return [self.step - 2, self.step - 1]
+
+    def release(self, park):
+        park(self)
+
+
+def test_the_driver_keeps_process_pools_for_the_levels_it_comes_back_to():
+    clock, log, parked = _Clock(), [], []
+    cost = {0: 1.0, 1: 0.6, 2: 0.5}
+
+    def park(pool, keep):
+        parked.extend([pool] if pool is not None else [])
+        while len(parked) > keep:
+            parked.pop(0).close()
+
+    def factory(level, step):
+        if level == 0:
+            return _FakeExecutor(clock, level, step, cost, log)
+        for pool in parked:
+            if pool.level == level:
+                parked.remove(pool)
+                pool.step = step
+                return pool
+        return _FakePool(clock, level, step, cost, log)
+
+    tuner = Tuner(max_level=2, warmup=1, window=3, min_seconds=0)
+    driver = Autotuned(tuner, factory, 0, clock=clock, park=park)
+    out = [driver.next() for _ in range(60)]
+    assert out == list(range(60))  # drained elements come next, in order
+    assert tuner.choice == 2
+    opens = [level for kind, level, _ in log if kind == "open"]
+    assert opens == [0, 1, 2, 0, 0]  # 1 and 2 start once; 2 is taken back from the park twice
+    # Once settled on 2, the kept level-1 pool stops (and the level-0 executors closed).
+    assert parked == [] and ("close", 1, 10) in log
+    driver.close()
+    assert log[-1] == ("close", 2, 60)
+
+
 def _rows(n):
     return np.arange(n, dtype=np.float32).reshape(n, 1)
 

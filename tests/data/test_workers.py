@@ -172,3 +172,94 @@ def test_killing_the_parent_leaves_no_workers_and_the_state_resumes_exactly(chil
     restored = iter(pipeline(num_parallel_calls=2, workers="process"))
     restored.set_state(report["state"])
     _same(uninterrupted[3:], list(restored))
+
+
+def slow_augment(image, label):
+    """`augment` at 2 ms an example, so AUTOTUNE's windows (20 ms at least) stay short."""
+    time.sleep(0.002)
+    return augment(image, label)
+
+
+def test_autotune_over_processes_starts_each_level_once_and_stops_them_all(monkeypatch):
+    from phalanx._src.data import autotune, workers
+
+    # Deterministic measurements: 2 processes beat 1, which beats the calling thread, so the
+    # tuner measures 0, 1, 2, then alternates 0 and 2 (coming back to 2 twice) and keeps 2.
+    rates = {0: 1.0, 1: 0.6, 2: 0.5}
+    observe = autotune.Tuner.observe
+    monkeypatch.setattr(
+        autotune.Tuner, "observe", lambda self, w: observe(self, [rates[self.level]] * len(w))
+    )
+    started = []  # (workers, pids) of every pool of worker processes started
+    init = workers.Processes.__init__
+
+    def counted(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        started.append((self.workers, self.pids))
+
+    monkeypatch.setattr(workers.Processes, "__init__", counted)
+    images = np.arange(N * 12, dtype=np.float32).reshape(N, 3, 4)
+    serial = Dataset.from_tensor_slices((images, np.arange(N, dtype=np.int32))).shuffle(N, seed=5)
+    tuned = serial.map(slow_augment, num_parallel_calls=AUTOTUNE, workers="process").batch(4)
+    serial = serial.map(augment).batch(4)
+    options = tuned.options()
+    options.threading.private_threadpool_size = 2
+    tuned = tuned.with_options(options)
+    for _ in range(20):  # epochs of 6 batches; the tuning takes about 7 windows of 4-5
+        it = iter(tuned)
+        _same(list(serial), list(it))
+        if "chose" in tuned.autotune_report:
+            break
+    assert tuned.autotune_report.startswith("AUTOTUNE chose 2 processes"), tuned.autotune_report
+    assert [count for count, _ in started] == [1, 2]
+    pids = [pid for _, group in started for pid in group]
+    assert _wait_gone(started[0][1]) == []  # level 1 was not chosen: its workers stopped
+    _same(list(serial), list(tuned))  # the next epoch runs on the kept 2 processes
+    assert len(started) == 2
+    del it, tuned
+    gc.collect()
+    assert _wait_gone(pids) == []
+    assert not multiprocessing.active_children()
+
+
+def test_drain_hands_over_the_elements_in_flight_and_a_failed_pool_is_not_kept():
+    from phalanx._src.data import plan, workers
+
+    node = pipeline()._node
+    pool = workers.Processes(node, 2, depth=2)
+    try:
+        expected = [plan.element(node, (0,), step) for step in range(6)]
+        pool.begin((0,), 0, 6)
+        got = [pool.next()]
+        got += pool.drain()  # what was in flight (2 workers, 2 each)
+        assert len(got) >= 4 and pool.idle and pool.alive
+        _same(got, expected[: len(got)])
+        pool.begin((0,), 0, 6)  # the freed slots serve again
+        _same([pool.next() for _ in range(6)], expected)
+    finally:
+        pool.close()
+    images = np.zeros((10, 2), np.float32)
+    ds = Dataset.from_tensor_slices((images, np.arange(10, dtype=np.int32)))
+    node = ds.map(fail_on_seven).batch(2)._node
+    pool = workers.Processes(node, 2, depth=2)
+    pool.begin((0,), 0, 5)
+    pool.next()
+    # Batch 3 (labels 6, 7) fails: drain stops before it and stops the workers, so that
+    # whoever computes it next raises the error; nothing is parked.
+    assert [list(b[1]) for b in pool.drain()] == [[2, 3], [4, 5]]
+    parked = []
+    pool.release(parked.append)
+    assert parked == [] and not pool.alive
+    assert _wait_gone(pool.pids) == []
+    # A worker killed with elements in flight: nothing is parked either.
+    pool = workers.Processes(node, 2, depth=2)
+    pool.begin((0,), 0, 3)
+    pool.next()
+    os.kill(pool.pids[1], signal.SIGKILL)
+    assert _wait_gone(pool.pids[1:]) == []
+    drained = [list(b[1]) for b in pool.drain()]  # what came before the death, in order
+    assert drained in ([], [[2, 3]], [[2, 3], [4, 5]])
+    pool.release(parked.append)
+    assert parked == [] and not pool.alive
+    assert _wait_gone(pool.pids) == []
+    assert not multiprocessing.active_children()

@@ -35,7 +35,9 @@ injected timings; `Autotuned` is the executor that measures and switches.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import logging
 import statistics
 import time
@@ -220,9 +222,15 @@ class Tuner:
 class Autotuned:
     """An executor that measures its consumer's per-element time and follows a `Tuner`.
 
-    `factory(level, step)` opens the executor for a level at a step; switching levels
-    closes the current one (work it had computed ahead is dropped: elements are pure
-    functions of their step, so nothing is lost but time).
+    `factory(level, step)` opens the executor for a level at a step. Switching levels
+    closes the current one (threads: work computed ahead is dropped; elements are pure
+    functions of their step, so nothing is lost but time), except that worker processes,
+    which take far longer to start than an element of a batched pipeline takes, are kept
+    when there is a `park(pool, keep)` (`Dataset._park`): they finish the elements in
+    flight, which are handed out next (unmeasured), and wait idle in the park, from which
+    `factory` takes them back when the tuner returns to their level (it alternates the
+    calling thread and the best level while confirming). Once settled, the other kept
+    pools stop.
     """
 
     def __init__(
@@ -231,12 +239,15 @@ class Autotuned:
         factory: Callable[[int, int], Any],
         start: int,
         clock: Callable[[], float] = time.perf_counter,
+        park: Callable[..., None] | None = None,
     ) -> None:
         self._tuner = tuner
         self._factory = factory
         self._step = start
         self._clock = clock
+        self._park = park
         self._executor: Any = None
+        self._ready: collections.deque = collections.deque()  # drained from the last level
         self._last: float | None = None  # no interval before an iterator's first element
 
     @property
@@ -249,28 +260,51 @@ class Autotuned:
         return list(getattr(self._executor, "pids", []))
 
     def next(self) -> Any:
+        if self._ready:
+            self._step += 1
+            return self._ready.popleft()
         if self._executor is None:
             self._executor = self._factory(self._tuner.level, self._step)
         element = self._executor.next()
         self._step += 1
         if not self._tuner.settled:
             self._measure()
+        if self._tuner.settled and self._park is not None and self._executor is not None:
+            # Once the chosen level runs (its kept workers taken back), stop the others.
+            self._park(None, keep=0)
+            self._park = None
         return element
 
     def _measure(self) -> None:
         now = self._clock()
         changed, self._last = self._tuner.tick(self._last, now), now
         if changed:
-            self.close()  # the next call opens the new level at this step
+            self._leave()  # the next call opens the new level where this one stopped
             self._last = None
 
+    def _leave(self) -> None:
+        """Leaves the current level: threads stop; worker processes hand over the elements
+        in flight and are parked with the pool parked before them (2: the climb's last two
+        levels, among which the best one usually is, or the best one while confirming)."""
+        executor, self._executor = self._executor, None
+        if self._park is None or not hasattr(executor, "drain"):
+            executor.close()
+            return
+        self._ready.extend(executor.drain())
+        executor.release(functools.partial(self._park, keep=2))
+
     def close(self) -> None:
+        self._ready.clear()
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.close()
 
     def release(self, park: Callable[[Any], None]) -> None:
-        """At an iteration's end: the current level's executor may be kept (`park`)."""
+        """At an iteration's end: the current level's executor may be kept (`park`; while
+        measuring, with the level kept before it)."""
         executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.release(park)
+        if executor is None:
+            return
+        if not self._tuner.settled and self._park is not None:
+            park = functools.partial(self._park, keep=2)
+        executor.release(park)

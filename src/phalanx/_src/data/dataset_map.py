@@ -162,23 +162,31 @@ class DatasetMap:
 
     # -- worker processes kept between epochs -------------------------------------------------
 
-    def _park(self, pool: Any) -> None:
+    def _park(self, pool: Any, keep: int = 1) -> None:
         """Keeps idle worker processes for this dataset's next epoch (as PyTorch's
-        persistent_workers); they stop when the dataset is garbage-collected or at exit."""
+        persistent_workers), or for AUTOTUNE to come back to a level it measured (it keeps
+        2, the levels it compares); the `keep` pools parked last stay, older ones stop
+        (`pool` None: only stops them). They stop when the dataset is garbage-collected or
+        at exit."""
         if self._parked is None:
             self._parked = []
             weakref.finalize(self, _close_all, self._parked)
-        _close_all(self._parked)
-        self._parked.append(pool)
+        if pool is not None:
+            self._parked.append(pool)
+        while len(self._parked) > keep:
+            self._parked.pop(0).close()
 
     def _unpark(self, node: plan.Node, workers: int) -> Any:
-        """The kept worker processes if they run `node` with `workers` workers, else None."""
-        if not self._parked:
-            return None
-        pool = self._parked.pop()
-        if pool.node is node and pool.workers == workers and pool.alive:
-            return pool
-        pool.close()
+        """The kept worker processes if some run `node` with `workers` workers, else None;
+        kept pools of another plan (an earlier pipeline state) or with a dead worker stop."""
+        for pool in list(self._parked or []):
+            if pool.node is node and pool.alive:
+                if pool.workers == workers:
+                    self._parked.remove(pool)
+                    return pool
+            else:
+                self._parked.remove(pool)
+                pool.close()
         return None
 
 

@@ -155,6 +155,7 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
         tuner,
         lambda level, step: make(level, step, max(ahead, 2 * level)),
         start,
+        park=dataset._park if processes else None,
     )
 
 

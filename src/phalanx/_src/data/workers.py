@@ -244,6 +244,31 @@ class Processes:
         """Whether every worker still runs."""
         return not self._closed and all(p.is_alive() for p in self._procs)
 
+    def drain(self) -> list[Any]:
+        """Submits nothing more and takes the elements in flight, in order, so that the
+        workers go idle and can be parked (`release`) when AUTOTUNE leaves this level: the
+        elements were computed anyway and come next, and their slots are free again.
+
+        Stops early at an element that failed or a worker that died, and then stops the
+        workers: whoever computes that element next raises its error (or succeeds).
+        """
+        elements: list[Any] = []
+        self._stop = self._next_submit
+        while self.alive and self._next_out < self._stop:
+            try:
+                while self._next_out not in self._done:
+                    self._receive()
+            except RuntimeError:  # a worker died
+                self.close()
+                break
+            element = self._done.pop(self._next_out)
+            if isinstance(element, _Failure):
+                self.close()
+                break
+            elements.append(element)
+            self._next_out += 1
+        return elements
+
     def release(self, park: Any) -> None:
         """At an iteration's end: hands idle workers to `park` for the next one, else stops."""
         if self.idle and self.alive:
@@ -301,7 +326,7 @@ class Processes:
                     continue
                 try:
                     message = item.recv()
-                except EOFError:
+                except (EOFError, ConnectionResetError):  # reset: killed mid-message
                     self._gone.add(w)
                     continue
                 self._handle(w, message)
