@@ -179,3 +179,13 @@ def test_flips_equal_numpys_reversal(shape, dtype, backend):
     mirrored = np.all(flipped == pixels[..., ::-1, :], axis=(-3, -2, -1))
     assert np.all(kept | mirrored)
     assert image.random_flip_left_right(pixels, seed=4).flags.c_contiguous
+
+
+def test_an_opencv_call_that_does_not_write_in_place_raises():
+    pytest.importorskip("cv2", reason="OpenCV is phalanx's `image` extra")
+    pixels = np.zeros((30, 40, 3), np.uint8)
+    # An output of another shape than it was told: OpenCV would return a new array.
+    wrong = np.empty((12, 16, 3), np.uint8)
+    with pytest.raises(RuntimeError, match="did not write into the output"):
+        opencv._check_in_place(opencv._cv2.resize(pixels, (17, 12), wrong), wrong, "resize")
+    assert opencv.resize_window_into(pixels, (0, 0, 30, 40), True, wrong) is wrong

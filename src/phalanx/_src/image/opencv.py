@@ -74,16 +74,17 @@ def resize_window_into(
     source = image if channels > 1 else image.reshape(image.shape[:2])
     if all(float(v).is_integer() for v in window):
         y0, x0, y1, x1 = int(y), int(x), int(y + h), int(x + w)
-        _cv2.resize(source[y0:y1, x0:x1], (out_w, out_h), target, 0, 0, _cv2.INTER_LINEAR)
+        resized = _cv2.resize(source[y0:y1, x0:x1], (out_w, out_h), target, 0, 0, _cv2.INTER_LINEAR)
+        _check_in_place(resized, target, "resize")
         if flip:
-            _cv2.flip(target, 1, target)
+            _check_in_place(_cv2.flip(target, 1, target), target, "flip")
         return out
     sy, sx = h / out_h, w / out_w
     # dst (i, j) samples src (y + (i + 0.5) * sy - 0.5, x + (j + 0.5) * sx - 0.5); a flip
     # reads column out_w - 1 - j instead.
     column = (-sx, x + (out_w - 0.5) * sx - 0.5) if flip else (sx, x + 0.5 * sx - 0.5)
     matrix = np.array([(column[0], 0.0, column[1]), (0.0, sy, y + 0.5 * sy - 0.5)], np.float64)
-    _cv2.warpAffine(
+    warped = _cv2.warpAffine(
         source,
         matrix,
         (out_w, out_h),
@@ -91,7 +92,17 @@ def resize_window_into(
         _cv2.INTER_LINEAR | _cv2.WARP_INVERSE_MAP,
         _cv2.BORDER_REPLICATE,
     )
+    _check_in_place(warped, target, "warpAffine")
     return out
+
+
+def _check_in_place(result: np.ndarray, target: np.ndarray, what: str) -> None:
+    """OpenCV returns a new array, silently, where it cannot write into `dst`: an error."""
+    if result is not target:
+        raise RuntimeError(
+            f"OpenCV's {what} did not write into the output array ({target.dtype} "
+            f"{target.shape}, got {result.dtype} {result.shape}); please report this"
+        )
 
 
 def resize_float(image: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
