@@ -330,6 +330,31 @@ def time_stages(count: int) -> None:
     fused = spent["fused, antialias=False (decode + OpenCV resize + flip)"]
     decode = spent["decode_jpeg (full size, libjpeg-turbo)"]
     print(f"| (fused minus decode: resize, flip, round) | {1e3 * (fused - decode) / count:.3f} |")
+    time_pipeline_overhead(jpegs)
+
+
+def time_pipeline_overhead(jpegs: list[bytes]) -> None:
+    """CPU per record of the pipeline around the map: records -> a map that returns a
+    constant image -> batch 64, with the map inline and in 1 and 2 threads (best of 6 passes)."""
+    pixels = np.zeros((*SIZE, 3), np.uint8)
+
+    def constant(record: bytes) -> tuple[np.ndarray, np.int64]:
+        return pixels, np.int64(0)
+
+    print("\n| pipeline around a constant map | CPU us per record |\n|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        paths, _ = write_files(Path(folder), jpegs)
+        for workers in (None, 1, 2):
+            ds = data.TFRecordDataset(paths, num_parallel_reads=4)
+            ds = ds.map(constant, num_parallel_calls=workers).batch(BATCH)
+            best = float("inf")
+            for _ in range(6):  # the first pass warms up
+                began = time.process_time()
+                for _ in ds:
+                    pass
+                best = min(best, time.process_time() - began)
+            label = "inline" if workers is None else f"{workers} thread{'s' * (workers > 1)}"
+            print(f"| {label} | {1e6 * best / len(jpegs):.1f} |")
 
 
 def time_fit(paths: list[str], steps: int, epochs: int) -> None:
