@@ -1,0 +1,113 @@
+"""A map after a streaming op hands its threads tasks of several elements: same results,
+errors at their element, exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from phalanx._src.data import executors
+from phalanx.data import AUTOTUNE, Dataset
+
+N = 100
+
+
+def _stream(fn, **map_kwargs):
+    """A streaming pipeline (after `filter` there is no random access) mapped by `fn`."""
+    ds = Dataset.range(N).filter(lambda x: x % 7 != 3)
+    return ds.map(fn, **map_kwargs)
+
+
+def _square(x):
+    return x * x
+
+
+def _cursor(iterator):
+    """The _ParallelMapCursor inside an iterator over `_stream(...)`."""
+    seen, todo = set(), [iterator]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, executors._ParallelMapCursor):
+            return obj
+        if id(obj) in seen or not hasattr(obj, "__dict__"):
+            continue
+        seen.add(id(obj))
+        todo.extend(vars(obj).values())
+    raise AssertionError("no streaming map cursor in the iterator")
+
+
+@pytest.fixture
+def big_tasks(monkeypatch):
+    """Every task as large as allowed, however long an element takes (no timing in tests)."""
+    monkeypatch.setattr(executors, "_TASK_SECONDS", 1e9)
+
+
+def test_the_task_size_follows_the_time_an_element_takes():
+    it = iter(_stream(_square, num_parallel_calls=2))
+    next(it)
+    cursor = _cursor(it)
+    for mapped, seconds, size in [(4, 1e-4, 8), (1, 0.0075, 1), (4, 0.0048, 4), (2, 0.0, 8)]:
+        cursor._learn(mapped, seconds)
+        assert cursor._task == size, (mapped, seconds)
+
+
+def test_tasks_of_several_elements_give_the_inline_results(big_tasks):
+    reference = [int(v) for v in _stream(_square)]
+    assert len(reference) == N - 14
+    it = iter(_stream(_square, num_parallel_calls=2))
+    got = [int(next(it)) for _ in range(20)]
+    assert _cursor(it)._task == executors._MAX_TASK
+    assert got + [int(v) for v in it] == reference
+
+
+def test_autotune_measures_single_elements_then_tasks_grow(big_tasks):
+    ds = _stream(_square, num_parallel_calls=AUTOTUNE)
+    it = iter(ds)
+    got = [int(next(it)) for _ in range(10)]
+    cursor = _cursor(it)
+    tuner = cursor.node.tuner
+    assert cursor._task == 1 and not tuner.settled  # its windows see single elements
+    tuner.choice = tuner.level = 2  # as if it had chosen 2 threads
+    got += [int(next(it)) for _ in range(30)]
+    assert cursor._task == executors._MAX_TASK
+    assert got + [int(v) for v in it] == [int(v) for v in _stream(_square)]
+
+
+def _fails_at_18(x):
+    if x == 18:
+        raise ValueError("element 18 is bad")
+    return x
+
+
+def test_an_error_inside_a_task_comes_after_the_elements_before_it(big_tasks):
+    it = iter(_stream(_fails_at_18, num_parallel_calls=2))
+    got = []
+    with pytest.raises(ValueError, match="element 18 is bad"):
+        for value in it:
+            got.append(int(value))
+    assert got == [x for x in range(18) if x % 7 != 3]
+
+
+@pytest.mark.parametrize("stop", [1, 13, 40])
+def test_a_restored_iterator_continues_exactly_mid_task(stop, big_tasks):
+    reference = [int(v) for v in _stream(_square)]
+    it = iter(_stream(_square, num_parallel_calls=2))
+    head = [int(next(it)) for _ in range(stop)]
+    state = json.loads(json.dumps(it.get_state()))
+    restored = iter(_stream(_square, num_parallel_calls=2))
+    restored.set_state(state)
+    assert head + [int(v) for v in restored] == reference
+    assert [int(v) for v in it] == reference[stop:]
+
+
+def test_arrays_come_back_in_order_from_tasks(big_tasks):
+    def image(x):
+        return np.full((4, 5, 3), x, np.uint8), x
+
+    batches = list(_stream(image, num_parallel_calls=3).batch(8))
+    labels = np.concatenate([b[1] for b in batches])
+    assert labels.tolist() == [x for x in range(N) if x % 7 != 3]
+    for pixels, label in batches:
+        assert np.array_equal(pixels[:, 0, 0, 0], label.astype(np.uint8))
