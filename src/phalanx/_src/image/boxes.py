@@ -144,8 +144,7 @@ def _crop_window(
     min_area = _f32(_f32(float(area_range[0])) * pixels)
     max_area = _f32(_f32(float(area_range[1])) * pixels)
     low, high = float(aspect_ratio_range[0]), float(aspect_ratio_range[1])
-    # rng.random() is uniform(0, 1)'s number; Generator and RandomState name integers apart.
-    integers = rng.integers if isinstance(rng, np.random.Generator) else rng.randint
+    integers = randomness.integers_of(rng)  # rng.random() below is uniform(0, 1)'s number
     for _ in range(int(max_attempts)):
         ratio = _f32(rng.random() * (high - low) + low)
         crop = _random_crop_box(integers, width, height, min_area, max_area, ratio)

@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,10 @@ def uniform(rng: Any, low: float, high: float, size: Any = None) -> Any:
 
 def integers(rng: Any, high: int, size: Any = None) -> Any:
     """Uniform ints in [0, high) from a Generator or NumPy's RandomState."""
-    if isinstance(rng, np.random.Generator):
-        return rng.integers(0, high, size)
-    return rng.randint(0, high, size)
+    return integers_of(rng)(0, high, size)
+
+
+def integers_of(rng: Any) -> Callable[..., Any]:
+    """`rng`'s integers(low, high[, size]): Generator.integers or RandomState.randint (the
+    same draws by two names); a hot loop binds it once."""
+    return rng.integers if isinstance(rng, np.random.Generator) else rng.randint
