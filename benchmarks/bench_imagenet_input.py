@@ -22,9 +22,10 @@ at a time, interleaved over the variants (a busy neighbour hits each alike), bes
   same size;
 - Grain over ArrayRecord: the phalanx.image preprocessing (Grain has none) in Grain's
   threads (ReadOptions.num_threads);
-- with --processes, phalanx's uint8 pipeline over the ArrayRecord file (random access)
-  mapped in worker processes (`workers="process"`, shared-memory results); its CPU time
-  is the children's, so it has no images-per-CPU-second cell.
+- with --processes, phalanx's uint8 pipeline mapped in worker processes
+  (`workers="process"`, shared-memory results), over the ArrayRecord file and over the
+  TFRecord files (read by index, in the threads' order); their CPU time is the
+  children's, so they have no images-per-CPU-second cell.
 
 Worker counts: --workers (0 means AUTOTUNE; tf.data's own AUTOTUNE then gets the machine).
 Images/s of the pipeline alone, no model. The table shows each rate and its ratio to
@@ -165,10 +166,14 @@ def phalanx_pipeline(paths: list[str], workers: int, fn=preprocess) -> data.Data
     return ds.map(fn, num_parallel_calls=calls).batch(BATCH)
 
 
-def phalanx_processes(array_path: str, workers: int) -> data.Dataset:
-    """The uint8 pipeline over the ArrayRecord file (random access), mapped in processes."""
+def phalanx_processes(source: str | list[str], workers: int) -> data.Dataset:
+    """The uint8 pipeline mapped in processes, over the ArrayRecord file or the TFRecord
+    files (read by index, in the threads' order)."""
     calls = data.AUTOTUNE if workers == 0 else workers
-    ds = data.ArrayRecordDataset([array_path])
+    if isinstance(source, str):
+        ds = data.ArrayRecordDataset([source])
+    else:
+        ds = data.TFRecordDataset(source, num_parallel_reads=min(len(source), 4))
     return ds.map(preprocess, num_parallel_calls=calls, workers="process").batch(BATCH)
 
 
@@ -250,7 +255,7 @@ def epoch_rate(pipeline, expected: int) -> tuple[float, float]:
 
 
 # Rows whose work runs in worker processes: this process's CPU time does not count it.
-CHILD_PROCESS_ROWS = ("phalanx ArrayRecord (uint8, processes)",)
+CHILD_PROCESS_ROWS = ("phalanx ArrayRecord (uint8, processes)", "phalanx (uint8, processes)")
 
 
 def _without_opencv(fn, *args, **kwargs):
@@ -431,10 +436,13 @@ def main() -> None:
     parser.add_argument("--no-grain", action="store_true", help="skip Grain")
     parser.add_argument("--stages", action="store_true", help="time the pieces per image")
     parser.add_argument(
-        "--processes", action="store_true", help="add phalanx over ArrayRecord in processes"
+        "--processes", action="store_true", help="add phalanx mapped in worker processes"
     )
     parser.add_argument(
         "--fit", action="store_true", help="only time fit fed by the pipeline vs synthetic"
+    )
+    parser.add_argument(
+        "--only", nargs="+", metavar="TEXT", help="keep the rows whose name holds one of these"
     )
     parser.add_argument("--fit-steps", type=int, default=50, help="fit's steps per epoch")
     parser.add_argument("--fit-epochs", type=int, default=3)
@@ -476,10 +484,17 @@ def main() -> None:
             )
             if args.processes:
                 variants[(CHILD_PROCESS_ROWS[0], workers)] = phalanx_processes(array_path, workers)
+                variants[(CHILD_PROCESS_ROWS[1], workers)] = phalanx_processes(paths, workers)
             if not args.no_grain:
                 variants[("Grain/ArrayRecord (uint8)", workers)] = GrainPipeline(
                     array_path, workers
                 )
+        if args.only:
+            variants = {
+                key: pipeline
+                for key, pipeline in variants.items()
+                if any(text in key[0] for text in args.only)
+            }
         for pipeline in variants.values():  # warm-up: imports, pools, AUTOTUNE's measuring
             epoch_rate(pipeline, args.images)
         best = dict.fromkeys(variants, 0.0)
@@ -513,10 +528,10 @@ def main() -> None:
                     cells.append(f"{rate:,.0f}{ratio}")
                 print(f"| {name} | " + " | ".join(cells) + " |")
         print(f"\nload average while measuring: {os.getloadavg()[0]:.1f}")
-        for w in args.workers:
-            if w == 0:
-                report = variants[("phalanx (uint8)", 0)].autotune_report
-                print(f"\nphalanx (uint8), AUTOTUNE: {report}")
+        for name, workers in variants:
+            report = getattr(variants[(name, workers)], "autotune_report", None)
+            if workers == 0 and report:
+                print(f"{name}, AUTOTUNE: {report}")
         if 1 in args.workers and 2 in args.workers:
             for name in names:
                 print(f"{name}: 2 workers / 1 worker = {best[(name, 2)] / best[(name, 1)]:.2f}x")

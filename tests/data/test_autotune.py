@@ -25,7 +25,8 @@ def test_gil_bound_work_stays_in_the_calling_thread():
     tuner = Tuner(max_level=4)
     levels = _drive(tuner, {0: 1 / 12100, 1: 1 / 9000, 2: 1 / 6000, 3: 1e-9, 4: 1e-9})
     assert tuner.choice == 0
-    assert levels == [0, 1, 2]  # 2 is worse than 1: no further trials, nothing to confirm
+    # 2 is worse than 1: no further levels; the two best (1, 2) are confirmed, and lose.
+    assert levels == [0, 1, 2, 0, 1, 2, 0, 1, 2]
 
 
 def test_io_waits_gain_from_two_workers_even_when_one_does_not():
@@ -33,7 +34,7 @@ def test_io_waits_gain_from_two_workers_even_when_one_does_not():
     tuner = Tuner(max_level=2)
     levels = _drive(tuner, {0: 0.016, 1: 0.0165, 2: 0.008})
     assert tuner.choice == 2
-    assert levels == [0, 1, 2, 0, 2, 0, 2]
+    assert levels == [0, 1, 2, 0, 2, 1, 0, 2, 1]
 
 
 def test_gil_releasing_work_takes_the_speed_up():
@@ -41,8 +42,8 @@ def test_gil_releasing_work_takes_the_speed_up():
     times = {0: 1 / 1390, 1: 1 / 1500, 2: 1 / 1916, 3: 1 / 1900, 4: 1 / 1700}
     levels = _drive(tuner, times)
     assert tuner.choice == 2
-    # climb while not clearly worse than the level below, then confirm 0 and the best
-    assert levels == [0, 1, 2, 3, 4, 0, 2, 0, 2]
+    # climb while not clearly worse than the level below, then confirm 0 and the two best
+    assert levels == [0, 1, 2, 3, 4, 0, 2, 3, 0, 2, 3]
 
 
 def test_a_gain_within_noise_is_not_taken():
@@ -77,6 +78,8 @@ def test_one_stall_in_a_window_does_not_decide():
     tuner = Tuner(max_level=1)
     tuner.observe([0.01] * 7 + [5.0])
     tuner.observe([0.02] * 8)
+    while not tuner.settled:  # the confirmation: level 0 and level 1 again, alternately
+        tuner.observe([0.01 if tuner.level == 0 else 0.02] * 8)
     assert tuner.choice == 0
 
 
@@ -126,10 +129,10 @@ def test_the_driver_switches_levels_at_the_current_step_and_keeps_the_order():
     assert out == list(range(40))  # whatever runs them, elements come in order
     assert tuner.choice == 1
     opens = [entry for entry in log if entry[0] == "open"]
-    assert [level for _, level, _ in opens] == [0, 1, 2, 0, 1]
+    assert [level for _, level, _ in opens] == [0, 1, 2, 0, 1, 2, 1]
     # each level opens where the previous one stopped (warm-up 1 + window 3 = 4 elements;
     # at 2 workers the window holds whole bursts of 2: 4 intervals, 5 elements)
-    assert [step for _, _, step in opens] == [0, 4, 8, 13, 17]
+    assert [step for _, _, step in opens] == [0, 4, 8, 13, 17, 21, 26]
     driver.close()
     assert log[-1] == ("close", 1, 40)
 
@@ -170,9 +173,9 @@ def test_the_driver_keeps_process_pools_for_the_levels_it_comes_back_to():
     assert out == list(range(60))  # drained elements come next, in order
     assert tuner.choice == 2
     opens = [level for kind, level, _ in log if kind == "open"]
-    assert opens == [0, 1, 2, 0, 0]  # 1 and 2 start once; 2 is taken back from the park twice
+    assert opens == [0, 1, 2, 0, 0]  # 1 and 2 start once, then are taken back from the park
     # Once settled on 2, the kept level-1 pool stops (and the level-0 executors closed).
-    assert parked == [] and ("close", 1, 10) in log
+    assert parked == [] and [entry[:2] for entry in log].count(("close", 1)) == 1
     driver.close()
     assert log[-1] == ("close", 2, 60)
 
@@ -215,12 +218,14 @@ def test_a_window_spans_short_epochs():
     clock, log = _Clock(), []
     cost = {0: 1.0, 1: 3.0}
     tuner = Tuner(max_level=1, warmup=1, window=3, min_seconds=0)
-    for _ in range(6):
+    epochs = 0
+    while not tuner.settled and epochs < 20:
         driver = Autotuned(
             tuner, lambda level, step: _FakeExecutor(clock, level, step, cost, log), 0, clock=clock
         )
         assert [driver.next() for _ in range(3)] == [0, 1, 2]
         driver.release(lambda executor: None)
+        epochs += 1
     assert tuner.choice == 0
     assert [level for kind, level, _ in log if kind == "open"][:3] == [0, 0, 1]
 
@@ -239,7 +244,7 @@ def test_two_gil_releasing_workers_at_1_8x_are_picked_despite_noise_and_a_cold_s
             tuner.observe([times[tuner.level] * cold * noise] * tuner.window)
             windows += 1
         assert tuner.choice == 2, (trial, tuner.describe())
-        assert windows == 7  # 0, 1, 2, then 0, 2, 0, 2
+        assert windows == 9  # 0, 1, 2, then 0, 2, 1, 0, 2, 1
 
 
 def test_a_cold_first_window_does_not_make_a_useless_level_win():
@@ -253,21 +258,28 @@ def test_a_cold_first_window_does_not_make_a_useless_level_win():
     assert tuner.choice == 0
 
 
-def test_the_decision_comes_within_the_first_500_examples():
-    # Batches of 16 examples; 10 ms a batch in the calling thread, 2 threads at 1.8x.
+@pytest.mark.parametrize(
+    "seconds, most",
+    [
+        (0.001, 500),  # a map per image: ~1 ms an element (issue 34: within 500 elements)
+        (0.010, 40),  # a map per batch of 16 examples: 10 ms an element
+    ],
+)
+def test_the_decision_comes_within_the_first_500_elements(seconds, most):
+    # 2 threads at 1.8x the calling thread, 1 thread at 1.05x.
     clock, log = _Clock(), []
-    cost = {0: 0.010, 1: 0.0095, 2: 0.010 / 1.8}
+    cost = {0: seconds, 1: seconds / 1.05, 2: seconds / 1.8}
     tuner = Tuner(max_level=2)
     driver = Autotuned(
         tuner, lambda level, step: _FakeExecutor(clock, level, step, cost, log), 0, clock=clock
     )
-    batches = 0
+    elements = 0
     while not tuner.settled:
         driver.next()
-        batches += 1
+        elements += 1
     assert tuner.choice == 2
-    assert batches * 16 <= 500, batches
-    # From then on every batch runs at the best fixed setting's rate.
+    assert elements <= most, elements
+    # From then on every element comes at the best fixed setting's rate.
     began = clock.now
     for _ in range(100):
         driver.next()
@@ -289,3 +301,28 @@ def test_a_pipeline_reports_its_autotune_decision():
     for _ in ds:
         pass
     assert ds.autotune_report.startswith("AUTOTUNE")
+
+
+def test_a_noisy_machine_neither_hides_a_real_gain_nor_invents_one():
+    # A loaded 2-core VM: a 20 ms window may run at half speed or worse (issue 34's TF-port
+    # row once settled on the calling thread at 0.60x of 2 threads). Two threads at 1.8x
+    # are still picked when a climb window and a confirmation window are hit; with nothing
+    # to gain, the same hits do not make a level win.
+    def run(times, hits):
+        tuner, windows = Tuner(max_level=2), 0
+        while not tuner.settled:
+            slow = 2.5 if windows in hits else 1.0
+            tuner.observe([times[tuner.level] * slow] * tuner.window)
+            windows += 1
+        return tuner, windows
+
+    gain = {0: 1.0, 1: 1 / 1.05, 2: 1 / 1.8}
+    for hits in [(2,), (4,), (2, 6), (3,), (1, 2)]:  # 2: the climb's level-2 window
+        tuner, windows = run(gain, hits)
+        assert tuner.choice == 2, (hits, tuner.describe())
+        assert windows == 9  # 0, 1, 2, then 0 and the two best levels, twice
+    nothing = {0: 1.0, 1: 1.0, 2: 1.0}
+    for hits in [(0,), (3,), (5,), (3, 5), (3, 7, 11)]:  # level 0's windows hit
+        tuner, windows = run(nothing, hits)
+        assert tuner.choice == 0, (hits, tuner.describe())
+        assert windows == 9  # 0, 1, 2, then 0 and the two best levels, twice

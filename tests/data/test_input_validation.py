@@ -116,3 +116,21 @@ def test_ragged_map_output_is_named():
     ds = Dataset.from_tensor_slices(np.arange(3)).batch(3).map(lambda v: {"rows": [[1], [2, 3]]})
     with pytest.raises(ValueError, match=r"map output\['rows'\] is ragged"):
         next(iter(ds))
+
+
+def test_map_output_conversion_fast_and_full_paths_agree():
+    """A tuple of numeric arrays passes through as it is; anything else in a tuple (a
+    string, a list, a nested tuple, a Python number) still gets the full conversion."""
+    from phalanx._src.data.validation import to_numpy_tree
+
+    image, label = np.zeros((2, 2), np.uint8), np.array(3, np.int64)
+    assert to_numpy_tree((image, label), "out") == (image, label)
+    assert to_numpy_tree((image, label), "out")[0] is image
+    assert to_numpy_tree(image, "out") is image
+    text, nested = to_numpy_tree((np.array(["a", "b"]), ([1, 2], 3.5)), "out")
+    assert text.dtype == object and text.tolist() == ["a", "b"]
+    assert nested[0].tolist() == [1, 2] and nested[1] == np.float64(3.5)
+    strings = Dataset.from_tensor_slices(np.arange(2)).map(lambda v: (np.array(b"x"), v))
+    assert [s for s, _ in strings] == [b"x", b"x"]
+    with pytest.raises(ValueError, match=r"map output\[0\] is ragged"):
+        to_numpy_tree(([[1], [2, 3]], image), "map output")

@@ -184,7 +184,7 @@ def test_autotune_over_processes_starts_each_level_once_and_stops_them_all(monke
     from phalanx._src.data import autotune, workers
 
     # Deterministic measurements: 2 processes beat 1, which beats the calling thread, so the
-    # tuner measures 0, 1, 2, then alternates 0 and 2 (coming back to 2 twice) and keeps 2.
+    # tuner measures 0, 1, 2, then 0, 2, 1 twice (coming back to 2 and 1) and keeps 2.
     rates = {0: 1.0, 1: 0.6, 2: 0.5}
     observe = autotune.Tuner.observe
     monkeypatch.setattr(
@@ -205,7 +205,7 @@ def test_autotune_over_processes_starts_each_level_once_and_stops_them_all(monke
     options = tuned.options()
     options.threading.private_threadpool_size = 2
     tuned = tuned.with_options(options)
-    for _ in range(20):  # epochs of 6 batches; the tuning takes about 7 windows of 4-5
+    for _ in range(20):  # epochs of 6 batches; the tuning takes about 9 windows of 4-5
         it = iter(tuned)
         _same(list(serial), list(it))
         if "chose" in tuned.autotune_report:

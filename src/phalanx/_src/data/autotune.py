@@ -9,18 +9,24 @@ elements each, and the pipeline settles on the level whose *per-element wall tim
 consumer sees it* is lowest. That time includes the consumer's own work between elements
 and any slowdown the workers cause it, which is what a training loop pays.
 
-A level other than 0 is only chosen when every window measured at it while confirming beats
-the calling thread's mean over the same phase by more than `margin` (5 %), windows of level
-0 and of the candidate alternating, so AUTOTUNE is not slower than sequential by more than
-noise. Only the confirmation phase's windows decide: a pipeline speeds up over its first
-elements (page faults, caches, lazy imports), so level 0's first, cold window would make
-any later level look faster, or, measured late, slower.
+After the climb, the calling thread and the two best other levels are always measured
+again, in turn (the confirmation), however the climb's single windows compared: on a loaded
+machine one 20 ms window can run at half speed, and a climb that gave up on a window, or
+ranked two levels by one, chose by noise. Each level is then scored by its fastest
+confirmation window: a neighbour's load only ever slows a window down, so a level's fastest
+window is the best estimate of its speed, and one slowed window can neither hide a real gain
+nor make a useless level look good. A level other than 0 is chosen only when its fastest
+window beats the calling thread's fastest by more than `margin` (5 %), so AUTOTUNE is not
+slower than sequential by more than noise. Only the confirmation phase's windows decide: a
+pipeline speeds up over its first elements (page faults, caches, lazy imports), so level
+0's first, cold window would make any later level look faster, or, measured late, slower.
 
 Windows are short (3 elements and 20 ms at least, 1 element of warm-up after a switch):
 an element is often a whole batch of 16-64 mapped examples, and the decision must come
-within the first few hundred examples (earlier windows of 16 elements and 0.1 s took
-~130 batches, longer than the 1,500-example runs of issue 34, which thus ran mostly at
-the levels being measured and landed at ~1.0x sequential where 2 threads gave 1.8x).
+early (earlier windows of 16 elements and 0.1 s took ~130 batches, longer than the
+1,500-example runs of issue 34, which thus ran mostly at the levels being measured and
+landed at ~1.0x sequential where 2 threads gave 1.8x). On 2 cores the 9 windows take ~240
+elements of a 1 ms map, and ~40 of a 10 ms one.
 
 The choice is kept on the Dataset, so later epochs start at it; `Tuner.describe()` (and
 `Dataset.autotune_report`) says what was measured and chosen, and the choice is logged at
@@ -72,9 +78,9 @@ class Tuner:
     """Chooses a pipeline's parallelism (0: the calling thread) from measured windows.
 
     Levels 0, 1 and 2 are tried, then higher ones while each is not clearly worse than the
-    one below it; then level 0 and the best other level are measured `confirmations` more
-    times each, alternately, and the other level wins only if every one of its windows
-    beats level 0's mean by `margin`.
+    one below it; then level 0 and the two best other levels are measured `confirmations`
+    more times each, in turn, and the level whose fastest window is fastest wins; another
+    level than 0 must beat level 0's fastest window by `margin`.
 
     Args:
       max_level: the most workers to try (the CPU count for a map, 1 for a prefetch).
@@ -82,8 +88,8 @@ class Tuner:
       warmup: elements ignored after each switch (pool start-up, first calls).
       window: elements measured per trial (at least; longer while under `min_seconds`).
       min_seconds: a trial's shortest duration, so that timer noise stays small.
-      confirmations: how many more times level 0 and the best other level are measured,
-        alternately, before the other level may win (every one of its windows must).
+      confirmations: how many more times level 0 and the two best other levels are
+        measured, in turn, before the choice.
 
     Example:
       >>> tuner = Tuner(max_level=2)
@@ -109,6 +115,7 @@ class Tuner:
     _climbing: bool = dataclasses.field(default=True, init=False)
     # Per level, how many of its windows were measured before the confirmation phase.
     _climbed: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
+    _candidates: list[int] = dataclasses.field(default_factory=list, init=False)  # confirming
 
     def __post_init__(self) -> None:
         if self.max_level < 0:
@@ -196,12 +203,9 @@ class Tuner:
             return
         self._climbing = False
         self._climbed = {lv: len(times) for lv, times in self.samples.items()}
-        others = [lv for lv in self.samples if lv > 0]
-        best = min(others, key=self._time)
-        if self._time(best) >= self._time(0) * (1 - self.margin):
-            self.choice = self.level = 0  # nothing beats the calling thread: no more trials
-            return
-        self._confirm = [best] + [0, best] * (self.confirmations - 1)
+        others = sorted((lv for lv in self.samples if lv > 0), key=self._time)
+        self._candidates = others[:2]  # confirmed even when they looked worse than level 0
+        self._confirm = self._candidates + [0, *self._candidates] * (self.confirmations - 1)
         self.level = 0
 
     def _confirmed(self, level: int) -> list[float]:
@@ -210,13 +214,10 @@ class Tuner:
         return times[self._climbed.get(level, 0) :] or times
 
     def _decide(self) -> None:
-        base = statistics.fmean(self._confirmed(0))
-        others = [lv for lv in self.samples if lv > 0 and len(self.samples[lv]) >= 2]
-        winners = [lv for lv in others if max(self._confirmed(lv)) < base * (1 - self.margin)]
-        self.choice = (
-            min(winners, key=lambda lv: statistics.fmean(self._confirmed(lv))) if winners else 0
-        )
-        self.level = self.choice
+        fastest = {lv: min(self._confirmed(lv)) for lv in self._candidates}
+        bar = min(self._confirmed(0)) * (1 - self.margin)
+        winners = [lv for lv in self._candidates if fastest[lv] < bar]
+        self.choice = self.level = min(winners, key=fastest.__getitem__) if winners else 0
 
 
 class Autotuned:
@@ -229,7 +230,7 @@ class Autotuned:
     when there is a `park(pool, keep)` (`Dataset._park`): they finish the elements in
     flight, which are handed out next (unmeasured), and wait idle in the park, from which
     `factory` takes them back when the tuner returns to their level (it alternates the
-    calling thread and the best level while confirming). Once settled, the other kept
+    calling thread and the two best levels while confirming). Once settled, the other kept
     pools stop.
     """
 
@@ -285,12 +286,16 @@ class Autotuned:
     def _leave(self) -> None:
         """Leaves the current level: threads stop; worker processes hand over the elements
         in flight and are parked with the pool parked before them (2: the climb's last two
-        levels, among which the best one usually is, or the best one while confirming)."""
+        levels, or the two best ones while confirming), or stop when the tuner has just
+        chosen another level."""
         executor, self._executor = self._executor, None
         if self._park is None or not hasattr(executor, "drain"):
             executor.close()
             return
         self._ready.extend(executor.drain())
+        if self._tuner.settled:  # the choice is another level: this one is not needed again
+            executor.close()
+            return
         executor.release(functools.partial(self._park, keep=2))
 
     def close(self) -> None:

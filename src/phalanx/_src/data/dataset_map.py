@@ -61,7 +61,14 @@ class DatasetMap:
             once through cloudpickle, send results back through shared memory, stop with
             the iterator, and need an `if __name__ == "__main__":` guard in scripts.
             AUTOTUNE never picks processes by itself: with workers="process" it measures
-            process counts instead of thread counts.
+            process counts instead of thread counts. Right after `TFRecordDataset`
+            (uncompressed files) the records are then read by index, in the same order
+            (the files are indexed once, as for `shuffle`); after other streaming ops
+            (filter, from_generator, ...) maps run in threads.
+
+        Raises:
+          ValueError: workers="process" after a streaming op other than TFRecordDataset, or
+            over compressed TFRecord files.
 
         Example:
           >>> ds.map(augment, num_parallel_calls=2, workers="process").batch(128)
@@ -81,10 +88,8 @@ class DatasetMap:
             )
         if self._streaming:  # read in order; mapped by threads when asked (or inline)
             if workers == "process":
-                raise ValueError(
-                    "map(..., workers='process') needs random access; after a streaming op "
-                    "(TFRecordDataset, filter, from_generator) maps run in threads: "
-                    "map(fn, num_parallel_calls=AUTOTUNE)"
+                return self._records_by_index("map(..., workers='process')").map(
+                    fn, num_parallel_calls, workers=workers
                 )
             return self._then(executors.ParallelStreamMap(self._node, fn, count))
         if workers == "process" and count:
@@ -92,6 +97,26 @@ class DatasetMap:
 
             warm_up()
         return self._then(element_ops.Map(self._node, fn, count, workers))
+
+    def _records_by_index(self, op: str) -> Any:
+        """This streaming dataset with random access, in the same order, for `op`: worker
+        processes each read the elements they map, which needs random access. Uncompressed
+        TFRecord files give it, by an index of their records (`records/indexed.py`).
+
+        Raises:
+          ValueError: compressed files, or another streaming op (naming `op`).
+        """
+        hook = getattr(self._node, "random_access", None)
+        indexed = None if hook is None else hook(in_order=True, op=op)
+        if indexed is None:
+            raise ValueError(
+                f"{op} needs random access to the elements, which a streaming op (filter, "
+                "from_generator, interleave, ...) does not give; map in threads instead "
+                "(map(fn, num_parallel_calls=AUTOTUNE)), or map in processes right after "
+                "TFRecordDataset (uncompressed files), ArrayRecordDataset or an in-memory "
+                "source"
+            )
+        return self._then(indexed)
 
     def with_workers(self, num_workers: int) -> Any:
         """Runs this pipeline's maps in `num_workers` worker processes (0: none).
@@ -116,7 +141,15 @@ class DatasetMap:
                 return dataclasses.replace(node, workers=num_workers, kind=kind)
             return node
 
-        if not any(isinstance(n, element_ops.Map) for n in plan.chain(self._node)):
+        nodes = plan.chain(self._node)
+        if not any(isinstance(n, element_ops.Map) for n in nodes):
+            if any(isinstance(n, executors.ParallelStreamMap) for n in nodes):
+                raise ValueError(
+                    "with_workers() runs random-access maps in processes; this dataset's maps "
+                    "follow a streaming op (TFRecordDataset, filter, from_generator, ...). "
+                    "Pass workers='process' to the map itself, right after TFRecordDataset "
+                    "(uncompressed files): map(fn, num_parallel_calls=2, workers='process')"
+                )
             raise ValueError("with_workers() runs maps in processes; this dataset has no map()")
         return self._then(plan.rebuild(self._node, change))
 

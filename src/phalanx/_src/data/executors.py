@@ -30,7 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from phalanx._src.data import stream, validation
+from phalanx._src.data.element_ops import map_words
 from phalanx._src.data.stream import Stream
+from phalanx._src.image import randomness
 
 Fetch = Callable[[int], Any]
 AUTOTUNE = -1  # as tf.data.AUTOTUNE: let phalanx pick (measured; see `autotune`)
@@ -200,12 +203,7 @@ class _Raised:
 
 class _ParallelMapCursor:
     def __init__(self, node: ParallelStreamMap, key: tuple[int, ...], state: dict | None) -> None:
-        from phalanx._src.data import stream
-        from phalanx._src.image import randomness
-
         self.node, self.key = node, key
-        self._randomness = randomness
-        self._words = (len(key), *key)
         self.parent = stream.open_node(node.parent, key, None if state is None else state["parent"])
         self.position = 0 if state is None else int(state["position"])
         self._read = self.position  # elements read from the parent
@@ -223,9 +221,8 @@ class _ParallelMapCursor:
         self._width = node.workers if node.workers != AUTOTUNE else node.tuner.level
 
     def _call(self, element: Any, position: int) -> Any:
-        from phalanx._src.data import stream, validation
-
-        with self._randomness.element_stream((*self._words, position)):
+        # The words a random-access map over the same chain uses: the same numbers.
+        with randomness.element_stream(map_words(self.node, self.key, position)):
             out = stream.call(self.node.fn, element)
         return validation.to_numpy_tree(out, "map output")
 

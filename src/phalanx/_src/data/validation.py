@@ -99,9 +99,16 @@ def to_numpy_tree(tree: Any, root: str) -> Any:
     """Converts every leaf of `tree` for the host pipeline (`host_leaf`), with `to_numpy`'s
     errors.
 
-    The fast path skips naming leaves (it runs once per mapped row); names are only
-    computed to explain a failure.
+    The fast paths skip naming leaves (this runs once per mapped row): an array, or a
+    tuple of arrays (`(image, label)`), needs no tree walk; names are only computed to
+    explain a failure.
     """
+    if type(tree) is np.ndarray and tree.dtype.kind not in "OSU":
+        return tree
+    if type(tree) is tuple and all(
+        type(leaf) is np.ndarray and leaf.dtype.kind not in "OSU" for leaf in tree
+    ):
+        return tree
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_list)
     try:
         return treedef.unflatten([host_leaf(leaf) for leaf in leaves])

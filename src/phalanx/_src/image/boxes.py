@@ -71,7 +71,7 @@ def _random_crop_box(
     return x, y, x + crop_w, y + crop_h
 
 
-def _covers(crop: tuple[int, int, int, int], boxes: list, min_object_covered: float) -> bool:
+def _covers(crop: tuple[int, int, int, int], boxes: tuple, min_object_covered: float) -> bool:
     for x0, y0, x1, y1 in boxes:
         area = (x1 - x0) * (y1 - y0)
         if area <= 0:
@@ -123,35 +123,65 @@ def _crop_window(
     use_image_if_no_bounding_boxes: bool,
 ) -> tuple[int, int, int, int]:
     """The sampled crop as (y, x, height, width), in Python: no NumPy scalar on the way."""
-    if not (0 < area_range[0] <= area_range[1] <= 1.0):
-        raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
-    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
-        raise ValueError(f"aspect_ratio_range must be positive, got {aspect_ratio_range!r}")
-    if max_attempts <= 0:
-        raise ValueError(f"max_attempts must be > 0, got {max_attempts!r}")
-    boxes = [
-        (int(xmin * width), int(ymin * height), int(xmax * width), int(ymax * height))
-        for ymin, xmin, ymax, xmax in _unit_boxes(bounding_boxes)
-    ]
-    if not boxes:
-        if not use_image_if_no_bounding_boxes:
-            raise ValueError(
-                "no bounding box given: pass bounding_boxes (e.g. [[[0, 0, 1, 1]]]) or "
-                "use_image_if_no_bounding_boxes=True"
-            )
-        boxes = [(0, 0, width, height)]
-    pixels = _f32(width * height)
-    min_area = _f32(_f32(float(area_range[0])) * pixels)
-    max_area = _f32(_f32(float(area_range[1])) * pixels)
-    low, high = float(aspect_ratio_range[0]), float(aspect_ratio_range[1])
+    setup = (height, width, bounding_boxes, aspect_ratio_range, area_range, max_attempts,
+             use_image_if_no_bounding_boxes)  # fmt: skip
+    try:
+        hash(setup)
+    except TypeError:  # a list or an array among them: prepared on every call
+        prepared = _prepare(*setup)
+    else:
+        prepared = _remembered_preparation(*setup)
+    boxes, min_area, max_area, low, high, attempts = prepared
     integers = randomness.integers_of(rng)  # rng.random() below is uniform(0, 1)'s number
-    for _ in range(int(max_attempts)):
+    for _ in range(attempts):
         ratio = _f32(rng.random() * (high - low) + low)
         crop = _random_crop_box(integers, width, height, min_area, max_area, ratio)
         if crop is not None and _covers(crop, boxes, min_object_covered):
             x0, y0, x1, y1 = crop
             return y0, x0, y1 - y0, x1 - x0
     return 0, 0, height, width
+
+
+def _prepare(
+    height: int,
+    width: int,
+    bounding_boxes: Any,
+    aspect_ratio_range: tuple[float, float],
+    area_range: tuple[float, float],
+    max_attempts: int,
+    use_image_if_no_bounding_boxes: bool,
+) -> tuple[tuple[tuple[int, int, int, int], ...], float, float, float, float, int]:
+    """What `_crop_window`'s attempts share, checked: the boxes in pixels (x0, y0, x1, y1),
+    the float32 area bounds, the aspect ratio range and the number of attempts.
+
+    A pipeline crops every image with the same arguments and few distinct image sizes:
+    hashable ones are prepared once and remembered.
+    """
+    if not (0 < area_range[0] <= area_range[1] <= 1.0):
+        raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
+    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
+        raise ValueError(f"aspect_ratio_range must be positive, got {aspect_ratio_range!r}")
+    if max_attempts <= 0:
+        raise ValueError(f"max_attempts must be > 0, got {max_attempts!r}")
+    boxes = tuple(
+        (int(xmin * width), int(ymin * height), int(xmax * width), int(ymax * height))
+        for ymin, xmin, ymax, xmax in _unit_boxes(bounding_boxes)
+    )
+    if not boxes:
+        if not use_image_if_no_bounding_boxes:
+            raise ValueError(
+                "no bounding box given: pass bounding_boxes (e.g. [[[0, 0, 1, 1]]]) or "
+                "use_image_if_no_bounding_boxes=True"
+            )
+        boxes = ((0, 0, width, height),)
+    pixels = _f32(width * height)
+    min_area = _f32(_f32(float(area_range[0])) * pixels)
+    max_area = _f32(_f32(float(area_range[1])) * pixels)
+    low, high = float(aspect_ratio_range[0]), float(aspect_ratio_range[1])
+    return boxes, min_area, max_area, low, high, int(max_attempts)
+
+
+_remembered_preparation = functools.lru_cache(maxsize=1024)(_prepare)
 
 
 def _sample(

@@ -58,6 +58,20 @@ def as_bytes(contents: Any, what: str) -> bytes:
     return bytes(contents) if not isinstance(contents, bytes) else contents
 
 
+def as_ints(values: Any, count: int) -> tuple[int, ...]:
+    """`count` Python ints from a sequence or array, as `np.asarray(values).reshape(count)`.
+
+    A tuple or list of `count` Python ints, the usual argument, skips NumPy's conversion.
+    """
+    if (
+        type(values) in (tuple, list)
+        and len(values) == count
+        and all(type(v) is int for v in values)
+    ):
+        return tuple(values)
+    return tuple(int(v) for v in np.asarray(values).reshape(count))
+
+
 def check_channels(channels: int, allowed: tuple[int, ...] = (0, 1, 3, 4)) -> int:
     if channels not in allowed:
         legal = ", ".join(str(c) for c in allowed[:-1]) + f" or {allowed[-1]}"
@@ -284,7 +298,7 @@ def decode_and_crop_jpeg(
       >>> window = [begin[0], begin[1], size[0], size[1]]
       >>> crop = decode_and_crop_jpeg(data, window, channels=3)
     """
-    y, x, h, w = (int(v) for v in np.asarray(crop_window).reshape(4))
+    y, x, h, w = as_ints(crop_window, 4)
     image = decode_jpeg(contents, channels, dct_method=dct_method)
     check_window(y, x, h, w, image.shape[0], image.shape[1], "decode_and_crop_jpeg")
     return image[y : y + h, x : x + w]

@@ -32,7 +32,10 @@ def _scale_eighths(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
     slower than a full decode (measured: 5/8 took 1.2x the full decode's time).
     """
     need = max(-(-8 * out_h // crop_h), -(-8 * out_w // crop_w))
-    return next((n for n in (1, 2, 4, 8) if n >= need), 8)  # upscaling: a full decode
+    for eighths in (1, 2, 4):
+        if eighths >= need:
+            return eighths
+    return 8  # a full decode (also when upscaling)
 
 
 def decode_crop_resize_flip(
@@ -83,36 +86,38 @@ def decode_crop_resize_flip(
       >>> image = decode_crop_resize_flip(
       ...     data, [begin[0], begin[1], crop[0], crop[1]], (224, 224), flip=True)
     """
-    return _decode_crop_resize_flip(
-        contents, crop_window, size, flip, channels, method, antialias, scaled_decode,
-        dct_method, out, None,
-    )  # fmt: skip
-
-
-def _decode_crop_resize_flip(
-    contents: Any,
-    crop_window: Any,
-    size: Any,
-    flip: bool,
-    channels: int,
-    method: str,
-    antialias: bool,
-    scaled_decode: bool,
-    dct_method: str,
-    out: np.ndarray | None,
-    header: tuple[int, int, int] | None,
-) -> np.ndarray:
-    """`decode_crop_resize_flip`, given `decode.jpeg_header(data)` when the caller has it."""
     resize.check_method(method)
     if method == "area":
         raise ValueError("decode_crop_resize_flip resizes with a kernel; method 'area' is not one")
     decode.check_channels(channels, (1, 3))
     fast = decode.check_dct_method(dct_method)
     data = decode.as_bytes(contents, "decode_crop_resize_flip")
-    out_h, out_w = (int(s) for s in np.asarray(size).reshape(2))
-    y, x, h, w = (int(v) for v in np.asarray(crop_window).reshape(4))
-    if header is None:
-        header = decode.jpeg_header(data)
+    out_size = decode.as_ints(size, 2)
+    window = decode.as_ints(crop_window, 4)
+    return _decode_crop_resize_flip(
+        data, window, out_size, flip, channels, method, antialias, scaled_decode, fast, out,
+        decode.jpeg_header(data),
+    )  # fmt: skip
+
+
+def _decode_crop_resize_flip(
+    data: bytes,
+    window: tuple[int, ...],
+    size: tuple[int, ...],
+    flip: bool,
+    channels: int,
+    method: str,
+    antialias: bool,
+    scaled_decode: bool,
+    fast_dct: bool,
+    out: np.ndarray | None,
+    header: tuple[int, int, int] | None,
+) -> np.ndarray:
+    """`decode_crop_resize_flip` of checked arguments: the JPEG's bytes, the window and
+    size as Python ints, `fast_dct` from `decode.check_dct_method`, and
+    `decode.jpeg_header(data)`."""
+    y, x, h, w = window
+    out_h, out_w = size
     height, width, _ = decode.jpeg_shape(data, header)
     decode.check_window(y, x, h, w, height, width, "decode_crop_resize_flip")
     if out is None:
@@ -129,11 +134,11 @@ def _decode_crop_resize_flip(
             min_h = decode.scaled_size(height, eighths)
             min_w = decode.scaled_size(width, eighths)
     if antialias and channels == 3 and method in _PILLOW_FILTERS:
-        fast_path = _pillow_resize(data, (y, x, h, w), (height, width), (out_h, out_w),
-                                   flip, method, min_h, min_w, fast, out)  # fmt: skip
+        fast_path = _pillow_resize(data, window, (height, width), size, flip, method, min_h,
+                                   min_w, fast_dct, out)  # fmt: skip
         if fast_path is not None:
             return fast_path
-    image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast, header)
+    image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast_dct, header)
     fy, fx = image.shape[0] / height, image.shape[1] / width
     if method == "bilinear" and not antialias and opencv.usable(out):  # TF's ResNet resize
         return opencv.resize_window_into(image, (y * fy, x * fx, h * fy, w * fx), flip, out)
@@ -255,6 +260,8 @@ def decode_random_resized_crop(
         True,
     )
     flip = bool(random_flip and rng.random() < 0.5)  # uniform(rng, 0, 1)'s number, cheaper
+    decode.check_channels(channels, (1, 3))
+    out_size = decode.as_ints(size, 2)
     return _decode_crop_resize_flip(
-        data, window, size, flip, channels, "bilinear", antialias, True, "", out, header
+        data, window, out_size, flip, channels, "bilinear", antialias, True, True, out, header
     )

@@ -20,11 +20,11 @@ The `stateless_*` ops take `seed`, two integers, and give a pure function of it.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,12 +36,23 @@ _op_lock = threading.Lock()
 
 
 class ElementStream:
-    """The random numbers of one dataset element: a default stream and one per op seed."""
+    """The random numbers of one dataset element: a default stream and one per op seed.
+
+    A generator is built when an op first asks for it: a map without random ops pays
+    only for this object.
+    """
+
+    __slots__ = ("_default", "_seeded", "_words")
 
     def __init__(self, words: Sequence[int]) -> None:
-        self.words = tuple(int(w) % 2**64 for w in words)
+        self._words = words
         self._default: np.random.Generator | None = None
         self._seeded: dict[int, np.random.Generator] = {}
+
+    @property
+    def words(self) -> tuple[int, ...]:
+        """The stream's key as uint64s."""
+        return tuple([int(w) % 2**64 for w in self._words])
 
     def generator(self, seed: int | None) -> np.random.Generator:
         if seed is None:
@@ -68,10 +79,16 @@ class _HashedWords(ISeedSequence):
         self._words = words
 
     def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        dtype = np.dtype(dtype)
+        """The state words; on a little-endian machine a read-only view of the digest."""
+        little = _little_endian(dtype)
         packed = struct.pack(f"<{len(self._words)}Q", *self._words)
-        digest = hashlib.blake2b(packed, digest_size=n_words * dtype.itemsize).digest()
-        return np.frombuffer(digest, dtype.newbyteorder("<")).astype(dtype)
+        digest = hashlib.blake2b(packed, digest_size=n_words * little.itemsize).digest()
+        return np.frombuffer(digest, little).astype(dtype, copy=False)
+
+
+@functools.lru_cache
+def _little_endian(dtype: Any) -> np.dtype:
+    return np.dtype(dtype).newbyteorder("<")
 
 
 def _generator(words: Sequence[int]) -> np.random.Generator:
@@ -84,8 +101,28 @@ def _generator(words: Sequence[int]) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64DXSM(_HashedWords(words)))
 
 
-@contextlib.contextmanager
-def element_stream(words: Sequence[int]) -> Iterator[ElementStream]:
+class _Scope:
+    """`element_stream`'s context manager: a class, as a generator-based one (contextlib's)
+    costs several times more per map call."""
+
+    __slots__ = ("_previous", "_stream")
+
+    def __init__(self, words: Sequence[int]) -> None:
+        self._stream = ElementStream(words)
+
+    def __enter__(self) -> ElementStream:
+        self._previous = getattr(_local, "stream", None)
+        _local.stream = self._stream
+        return self._stream
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        _local.stream = self._previous
+        if isinstance(error, StopIteration):
+            # Out of an iterator's __next__ it would end the epoch early, silently, short.
+            raise RuntimeError(f"the map function raised StopIteration ({error!r})") from None
+
+
+def element_stream(words: Sequence[int]) -> _Scope:
     """Within this block, unseeded random ops of this thread draw from `words`' stream.
 
     `Dataset.map` opens one around each call of the user's function; nesting restores the
@@ -96,16 +133,7 @@ def element_stream(words: Sequence[int]) -> Iterator[ElementStream]:
       >>> with element_stream((seed, epoch, position)):
       ...     image = random_flip_left_right(image)
     """
-    previous = getattr(_local, "stream", None)
-    stream = ElementStream(words)
-    _local.stream = stream
-    try:
-        yield stream
-    except StopIteration as error:
-        # Out of an iterator's __next__ it would end the epoch early, silently, short.
-        raise RuntimeError(f"the map function raised StopIteration ({error!r})") from None
-    finally:
-        _local.stream = previous
+    return _Scope(words)
 
 
 def current_stream() -> ElementStream | None:

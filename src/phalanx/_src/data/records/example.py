@@ -102,17 +102,17 @@ def _values(key: str, spec: Any, found: Any) -> Any:
         return None
     kind, buf, start, end = found
     expected = _KINDS[spec.dtype]
+    if kind == expected:
+        try:
+            return _DECODE[kind](buf, start, end)
+        except wire.WireError as e:
+            raise ValueError(f"feature {key!r} is malformed: {e}") from None
     if kind is None:  # a Feature with no list set holds no values of any type
         return [] if expected == wire.BYTES else np.zeros(0, spec.dtype)
-    if kind != expected:
-        raise TypeError(
-            f"feature {key!r} holds a {wire.KIND_NAMES[kind]} but the spec asks for "
-            f"{wire.KIND_NAMES[expected]} ({spec.dtype}); give it the stored type"
-        )
-    try:
-        return _DECODE[kind](buf, start, end)
-    except wire.WireError as e:
-        raise ValueError(f"feature {key!r} is malformed: {e}") from None
+    raise TypeError(
+        f"feature {key!r} holds a {wire.KIND_NAMES[kind]} but the spec asks for "
+        f"{wire.KIND_NAMES[expected]} ({spec.dtype}); give it the stored type"
+    )
 
 
 def _fixed(key: str, spec: FixedLenFeature, values: Any) -> Any:
@@ -135,13 +135,13 @@ def _fixed(key: str, spec: FixedLenFeature, values: Any) -> Any:
             f"feature {key!r} has {len(values)} values but FixedLenFeature shape "
             f"{list(spec.shape)} needs {size}; fix the shape or use VarLenFeature"
         )
-    if spec.dtype == string:
-        if not spec.shape:
-            return bytes(values[0])
-        array = np.empty(size, object)
-        array[:] = [bytes(v) for v in values]
-        return array.reshape(spec.shape)
-    return np.asarray(values, spec.dtype).reshape(spec.shape)
+    if _KINDS[spec.dtype] != wire.BYTES:
+        return values.reshape(spec.shape)  # an array of spec.dtype already
+    if not spec.shape:
+        return bytes(values[0])
+    array = np.empty(size, object)
+    array[:] = [bytes(v) for v in values]
+    return array.reshape(spec.shape)
 
 
 def _var(spec: VarLenFeature, values: Any) -> np.ndarray:
@@ -155,6 +155,12 @@ def _var(spec: VarLenFeature, values: Any) -> np.ndarray:
 
 
 def _check(features: Any) -> Mapping[str, Any]:
+    if type(features) is dict:  # the usual spec: its values' exact types suffice
+        for spec in features.values():
+            if spec.__class__ is not FixedLenFeature and spec.__class__ is not VarLenFeature:
+                break
+        else:
+            return features
     if not isinstance(features, Mapping) or not all(
         isinstance(v, FixedLenFeature | VarLenFeature) for v in features.values()
     ):
@@ -180,7 +186,7 @@ def _serialized(value: Any) -> bytes:
 
 def _decode(serialized: Any) -> dict:
     try:
-        return wire.features(_serialized(serialized))
+        return wire.features(serialized if type(serialized) is bytes else _serialized(serialized))
     except wire.WireError as e:
         raise ValueError(f"the record is not a serialized tf.train.Example: {e}") from None
 

@@ -74,23 +74,24 @@ class RecordFiles(Stream):
     def open(self, key: Key, state: dict | None) -> Any:
         return _RecordCursor(self, state)
 
-    def random_access(self) -> Node | None:
-        """The same records with random access (`Dataset.shuffle`'s hook), or None once
-        split over processes; see `indexed`.
+    def random_access(self, in_order: bool = False, op: str = "shuffle()") -> Node | None:
+        """The same records with random access, or None once split over processes; see
+        `indexed`. `Dataset.shuffle`'s hook numbers them file after file; with `in_order`
+        (`map(..., workers="process")`) they keep this node's interleaved order.
 
         Raises:
-          ValueError: compressed files, which cannot be read at an offset.
+          ValueError: compressed files, which cannot be read at an offset (naming `op`).
         """
         if self.share is not None:
             return None
         if self.kind:
             raise ValueError(
-                f"shuffle() needs random access to the records, which {self.kind}"
+                f"{op} needs random access to the records, which {self.kind}"
                 "-compressed TFRecord files do not give (a record is reached only by "
                 "decompressing all before it); write the files uncompressed, or as "
-                "ArrayRecord (ArrayRecordDataset), for a global shuffle"
+                "ArrayRecord (ArrayRecordDataset)"
             )
-        return IndexedRecords(self.files)
+        return IndexedRecords(self.files, cycle=self.cycle if in_order else 1)
 
     def split_processes(
         self, root: Node, options: Options | None, index: int, count: int
@@ -101,64 +102,75 @@ class RecordFiles(Stream):
 
 
 class _RecordCursor:
-    """tf.data's interleave (block length 1) over record files; state in `state()`."""
+    """tf.data's interleave (block length 1) over record files; state in `state()`.
+
+    `state()` runs once per record (a parallel map keeps each element's), so it is cheap:
+    each slot's `[file index, byte offset]` is kept ready, as a list that snapshots share,
+    replaced when its file moves on and never changed in place.
+    """
 
     def __init__(self, node: RecordFiles, state: dict | None) -> None:
         self.node = node
         self.files = node.own_files()
+        share = node.share
+        self._share = None if share is None or share.by_file else share  # sharded by record
+        self._cycle = node.cycle
         state = state or {}
         self.next_file = int(state.get("next_file", 0))
         self.cycle_index = int(state.get("cycle_index", 0))
         self.seen = int(state.get("seen", 0))  # records passed over, when sharding by record
-        self.slots: list[Any] = [None] * node.cycle
+        self.slots: list[Any] = [None] * node.cycle  # (file index, reader) per open file
+        self._saved: list[list[int] | None] = [None] * node.cycle
         for i, saved in enumerate(state.get("slots", [])):
             if saved is not None:
                 position, offset = int(saved[0]), int(saved[1])
                 self.slots[i] = (position, self._open(position, offset))
+                self._saved[i] = [position, offset]
 
     def _open(self, position: int, offset: int) -> RecordReader:
         node = self.node
         return RecordReader(self.files[position], node.kind, node.buffer_size, offset)
 
     def _mine(self) -> bool:
-        share = self.node.share
-        if share is None or share.by_file:
-            return True
+        """Whether the next record is this process's, when sharding by record."""
+        share = self._share
         return (self.seen // share.block) % share.count == share.index
 
     def __next__(self) -> bytes:
-        cycle = self.node.cycle
+        slots = self.slots
         while True:
-            slot = self.slots[self.cycle_index]
+            index = self.cycle_index
+            slot = slots[index]
             if slot is None:
                 if self.next_file < len(self.files):
-                    self.slots[self.cycle_index] = (self.next_file, self._open(self.next_file, 0))
+                    position = self.next_file
+                    slots[index] = (position, self._open(position, 0))
+                    self._saved[index] = [position, 0]
                     self.next_file += 1
                     continue
-                if all(slot is None for slot in self.slots):
+                if all(slot is None for slot in slots):
                     raise StopIteration
-                self.cycle_index = (self.cycle_index + 1) % cycle
+                self.cycle_index = (index + 1) % self._cycle
                 continue
-            reader = slot[1]
-            mine = self._mine()
+            position, reader = slot
+            mine = self._share is None or self._mine()
             record = reader.read() if mine else (b"" if reader.skip() else None)
+            self.cycle_index = (index + 1) % self._cycle
             if record is None:  # this file is done: its slot takes the next file
                 reader.close()
-                self.slots[self.cycle_index] = None
-                self.cycle_index = (self.cycle_index + 1) % cycle
+                slots[index] = self._saved[index] = None
                 continue
             self.seen += 1
-            self.cycle_index = (self.cycle_index + 1) % cycle
+            self._saved[index] = [position, reader.offset]
             if mine:
                 return record
 
     def state(self) -> dict:
-        slots = [None if s is None else [s[0], s[1].offset] for s in self.slots]
         return {
             "next_file": self.next_file,
             "cycle_index": self.cycle_index,
             "seen": self.seen,
-            "slots": slots,
+            "slots": self._saved.copy(),
         }
 
 

@@ -17,7 +17,7 @@ import io
 import os
 import struct
 import zlib
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import google_crc32c
 
@@ -128,7 +128,7 @@ class RecordReader:
                 left -= len(self._read(min(left, DEFAULT_BUFFER), offset - left, "stream"))
         self.offset = offset
 
-    def _fail(self, offset: int, what: str) -> None:
+    def _fail(self, offset: int, what: str) -> NoReturn:
         where = " of the decompressed stream" if self._kind else ""
         raise DataLossError(
             f"corrupted record at byte offset {offset}{where} in {self.path!r}: {what}. The "
@@ -165,13 +165,22 @@ class RecordReader:
         length = self._header()
         if length is None:
             return None
-        start = self.offset
-        if self._size is not None and start + 16 + length > self._size:
+        start, file = self.offset, self._file
+        end = start + 16 + length
+        if self._size is not None and end > self._size:
             self._fail(start, f"truncated: the record's {length} bytes run past the end")
-        data = self._read(length, start, "data")  # two reads: no copy of a large record
-        if masked_crc(data) != _CRC.unpack(self._read(4, start, "data checksum"))[0]:
+        try:  # two reads: no copy of a large record
+            data = file.read(length)
+            footer = file.read(4) if len(data) == length else b""
+        except (OSError, EOFError, zlib.error) as e:
+            self._fail(start, f"the stream cannot be read ({type(e).__name__}: {e})")
+        if len(data) != length:
+            self._fail(start, f"truncated: expected {length} bytes of data, found {len(data)}")
+        if len(footer) != 4:
+            self._fail(start, f"truncated: expected 4 bytes of data checksum, found {len(footer)}")
+        if masked_crc(data) != _CRC.unpack(footer)[0]:
             self._fail(start, "the checksum of the data does not match")
-        self.offset = start + 16 + length
+        self.offset = end
         return data
 
     def skip(self) -> bool:
@@ -180,13 +189,14 @@ class RecordReader:
         length = self._header()
         if length is None:
             return False
-        start, self.offset = self.offset, self.offset + 16 + length
+        start, end = self.offset, self.offset + 16 + length
         if self._size is None:  # compressed: decompressed and dropped
             self._read(length + 4, start, "data and checksum")
-            return True
-        if self.offset > self._size:
+        elif end > self._size:
             self._fail(start, f"truncated: the record's {length} bytes run past the end")
-        self._file.seek(length + 4, os.SEEK_CUR)
+        else:
+            self._file.seek(length + 4, os.SEEK_CUR)
+        self.offset = end
         return True
 
     def close(self) -> None:

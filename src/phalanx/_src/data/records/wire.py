@@ -88,6 +88,52 @@ def fields(buf: bytes, start: int = 0, end: int | None = None) -> list[tuple[int
 
 def features(serialized: bytes) -> dict[str, tuple[int | None, bytes, int, int]]:
     """The Example's features by key: `(kind, buffer, start, end)` of the list, undecoded."""
+    found = _usual_features(serialized)
+    return _any_features(serialized) if found is None else found
+
+
+def _usual_features(buf: bytes) -> dict[str, tuple[int, bytes, int, int]] | None:
+    """`features` of an Example in the layout every writer emits, in one pass: a single
+    `features` field, each entry a key (under 128 bytes) then a Feature holding one list.
+    None for any other layout (or malformed data), which `_any_features` then decodes (or
+    rejects)."""
+    found: dict[str, tuple[int, bytes, int, int]] = {}
+    try:
+        if buf[0] != 0x0A:
+            return None
+        size, pos = _length(buf, 1)
+        end = pos + size
+        if end != len(buf):
+            return None
+        while pos < end:
+            if buf[pos] != 0x0A:  # an entry (Features field 1)
+                return None
+            size, pos = _length(buf, pos + 1)
+            entry_end = pos + size
+            size = buf[pos + 1]
+            if buf[pos] != 0x0A or size >= 0x80:  # its key
+                return None
+            pos += 2
+            key_end = pos + size
+            if buf[key_end] != 0x12:  # its Feature
+                return None
+            size, value = _length(buf, key_end + 1)
+            kind = buf[value]
+            if value + size != entry_end or kind not in (0x0A, 0x12, 0x1A):
+                return None  # e.g. a Feature with no list, or more than one
+            size, start = _length(buf, value + 1)
+            if start + size != entry_end:
+                return None
+            key = buf[pos:key_end].decode("utf-8", "surrogateescape")
+            found[key] = (kind >> 3, buf, start, entry_end)
+            pos = entry_end
+    except (IndexError, WireError):
+        return None
+    return found if pos == end else None
+
+
+def _any_features(serialized: bytes) -> dict[str, tuple[int | None, bytes, int, int]]:
+    """`features` of any valid Example: the general path."""
     found: dict[str, Any] = {}
     for number, wire, span in fields(serialized):
         if number != 1 or wire != 2:
@@ -104,8 +150,11 @@ def _length(buf: bytes, pos: int) -> tuple[int, int]:
     if size < 0x80:
         return size, pos + 1
     second = buf[pos + 1]
-    if second < 0x80:  # up to 16 KiB: a JPEG's bytes, a feature holding them
+    if second < 0x80:
         return (size & 0x7F) | (second << 7), pos + 2
+    third = buf[pos + 2]
+    if third < 0x80:  # up to 2 MiB: a JPEG's bytes, a feature holding them
+        return (size & 0x7F) | (second & 0x7F) << 7 | third << 14, pos + 3
     return _varint(buf, pos)
 
 
@@ -193,8 +242,7 @@ def decode_ints(buf: bytes, start: int, end: int) -> np.ndarray:
     if packed is not None:
         if packed[1] - packed[0] > _SHORT:
             return _packed_varints(buf, *packed).view(np.int64)
-        values = _short_varints(buf, *packed)
-        return np.array([v - (1 << 64) if v >> 63 else v for v in values], np.int64)
+        return _int64s(_short_varints(buf, *packed))
     values: list[int] = []
     parts = []
     for _, wire, value in _list(buf, start, end, (0, 2)):
@@ -205,13 +253,21 @@ def decode_ints(buf: bytes, start: int, end: int) -> np.ndarray:
         else:
             parts.append(_packed_varints(buf, *value))
     if not parts:  # a label or a few ids
-        return np.array([v - (1 << 64) if v >> 63 else v for v in values], np.int64)
+        return _int64s(values)
     if values:
         parts.append(np.array(values, np.uint64))
     return np.concatenate(parts).astype(np.uint64).view(np.int64)
 
 
 _SHORT = 64  # packed lists up to this many bytes are decoded in Python (faster when short)
+
+
+def _int64s(values: list[int]) -> np.ndarray:
+    """Varints' values (uint64) as int64s, two's complement."""
+    try:
+        return np.array(values, np.int64)
+    except OverflowError:  # a value past 2**63 - 1: a negative number
+        return np.array(values, np.uint64).view(np.int64)
 
 
 def _short_varints(buf: bytes, start: int, end: int) -> list[int]:
@@ -222,6 +278,9 @@ def _short_varints(buf: bytes, start: int, end: int) -> list[int]:
         if byte < 0x80:
             values.append(byte)
             pos += 1
+        elif pos + 1 < end and buf[pos + 1] < 0x80:  # two bytes: e.g. a class label
+            values.append((byte & 0x7F) | buf[pos + 1] << 7)
+            pos += 2
         else:
             value, pos = _varint(buf, pos)
             values.append(value)
