@@ -111,3 +111,53 @@ def test_arrays_come_back_in_order_from_tasks(big_tasks):
     assert labels.tolist() == [x for x in range(N) if x % 7 != 3]
     for pixels, label in batches:
         assert np.array_equal(pixels[:, 0, 0, 0], label.astype(np.uint8))
+
+
+def test_autotune_maps_each_level_on_a_pool_of_its_width(monkeypatch):
+    # Deterministic windows: 2 threads beat 1, which beats the calling thread, so the tuner
+    # confirms 0, 2, 1 twice; going from 2 threads to 1 must not keep the 2-thread pool
+    # (it once measured "1 thread" at the speed of 2, and chose it).
+    from phalanx._src.data import autotune
+
+    rates = {0: 1.0, 1: 0.6, 2: 0.5}
+    observe = autotune.Tuner.observe
+    monkeypatch.setattr(
+        autotune.Tuner, "observe", lambda self, w: observe(self, [rates[self.level]] * len(w))
+    )
+    pools, mismatched = [], []
+    real_pool = executors.concurrent.futures.ThreadPoolExecutor
+
+    class Pool(real_pool):
+        def __init__(self, workers, **kwargs):
+            super().__init__(workers, **kwargs)
+            self.width = workers
+            pools.append(workers)
+
+        def submit(self, fn, *args):
+            width = max(fn.__self__._width, 1)  # fn: the cursor's _call_task
+            if width != self.width:
+                mismatched.append((self.width, width))
+            return super().submit(fn, *args)
+
+    monkeypatch.setattr(executors.concurrent.futures, "ThreadPoolExecutor", Pool)
+    ds = _stream(_square, num_parallel_calls=AUTOTUNE)
+    expected = [x * x for x in range(N) if x % 7 != 3]
+    for _ in range(30):
+        assert list(ds) == expected
+        if ds.autotune_report.startswith("AUTOTUNE chose"):
+            break
+    assert ds.autotune_report.startswith("AUTOTUNE chose 2 threads"), ds.autotune_report
+    assert mismatched == []
+    assert 1 in pools and 2 in pools
+
+
+def test_elements_started_at_the_level_left_are_not_measured():
+    from phalanx._src.data.autotune import Tuner
+
+    tuner = Tuner(max_level=2, warmup=1, window=3, min_seconds=0)
+    tuner.carry_over(4)  # 4 elements in flight from before, then the warm-up element
+    for step in range(5):
+        assert not tuner.tick(None if step == 0 else float(step - 1), float(step))
+    assert tuner.pending == []
+    tuner.tick(4.0, 5.0)
+    assert tuner.pending == [1.0]

@@ -153,6 +153,11 @@ class Tuner:
         self.observe(self.pending)
         return self.level != before
 
+    def carry_over(self, count: int) -> None:
+        """The next `count` elements were started at the level just left (an executor that
+        finishes its work in flight): they are not measured, as the warm-up is not."""
+        self.since_switch -= count
+
     def observe(self, intervals: Sequence[float]) -> None:
         """Records a window measured at `self.level` and moves to the next level to try."""
         if self.settled:

@@ -307,10 +307,12 @@ class _ParallelMapCursor:
         tuner.tick(self._last, now)
         self._last = now
         if tuner.level != self._width:
-            # In-flight elements finish at the old width; new ones start at the new one.
-            if self._pool is not None and tuner.level > self._width:
+            # In-flight elements finish at the old width, unmeasured; new ones start on a
+            # pool of the new width (the old pool would run as many at once as before).
+            if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
+            tuner.carry_over(len(self._ready) + sum(len(states) for _, states in self._pending))
             self._width, self._last = tuner.level, None
 
     def state(self) -> dict:
