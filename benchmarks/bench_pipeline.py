@@ -271,6 +271,7 @@ def section_maps(args: argparse.Namespace) -> None:
     print(f"\n## per-example maps on 40x40x3 images, batch {MAP_BATCH}: examples/s, best of")
     print(f"## {args.passes + 2} epochs interleaved across the variants (ratio to sequential)")
     print(f"{'map':<16} " + " ".join(f"{n:>15}" for n in names) + "  AUTOTUNE chose")
+    reports = []
     for name, fn, n in kinds:
         images = rng.integers(0, 256, (n, *IMAGE), dtype=np.uint8)
         base = Dataset.from_tensor_slices((images, np.arange(n, dtype=np.int32)))
@@ -282,9 +283,11 @@ def section_maps(args: argparse.Namespace) -> None:
             base.map(fn, num_parallel_calls=1, workers="process").batch(MAP_BATCH),
             base.map(fn, num_parallel_calls=2, workers="process").batch(MAP_BATCH),
         ]
-        for ds in variants:  # warm-up: worker start, AUTOTUNE's measuring (a few windows)
-            for _ in range(3):
+        for ds in variants:  # warm-up: worker start; AUTOTUNE measures until it has chosen
+            for epoch in range(30):
                 _epoch_rate(ds)
+                if epoch >= 2 and (ds._tuner is None or ds._tuner.settled):
+                    break
         best = [0.0] * len(variants)
         for _ in range(args.passes + 2):  # interleaved: a busy neighbour hits every variant
             for i, ds in enumerate(variants):
@@ -296,6 +299,8 @@ def section_maps(args: argparse.Namespace) -> None:
         cells = [f"{best[0]:>15.0f}"]
         cells += [f"{rate:>6.0f} ({rate / best[0]:.2f}x)" for rate in best[1:]]
         print(f"{name:<16} " + " ".join(f"{c:>15}" for c in cells) + f"  {chose}")
+        reports.append(f"{name}: {variants[1].autotune_report}")
+    print("\n" + "\n".join(reports))
 
 
 def section_images(args: argparse.Namespace) -> None:

@@ -10,16 +10,18 @@ consumer sees it* is lowest. That time includes the consumer's own work between 
 and any slowdown the workers cause it, which is what a training loop pays.
 
 After the climb, the calling thread and the two best other levels are always measured
-again, in turn (the confirmation), however the climb's single windows compared: on a loaded
-machine one 20 ms window can run at half speed, and a climb that gave up on a window, or
-ranked two levels by one, chose by noise. Each level is then scored by its fastest
-confirmation window: a neighbour's load only ever slows a window down, so a level's fastest
-window is the best estimate of its speed, and one slowed window can neither hide a real gain
-nor make a useless level look good. A level other than 0 is chosen only when its fastest
-window beats the calling thread's fastest by more than `margin` (5 %), so AUTOTUNE is not
-slower than sequential by more than noise. Only the confirmation phase's windows decide: a
-pipeline speeds up over its first elements (page faults, caches, lazy imports), so level
-0's first, cold window would make any later level look faster, or, measured late, slower.
+again, in turn, twice (the confirmation), however the climb's single windows compared: on a
+loaded machine one 20 ms window can run at half speed, and a climb that gave up on a window,
+or ranked two levels by one, chose by noise. On a shared VM a whole window can also run
+~1.6x slower or faster for no reason of its own (the host's clock and scheduling follow
+the load: the calling thread measured right after two busy threads, or after a pause, runs
+slower for tens of ms). So every level, the calling thread included, is scored by the
+median of all its windows (one odd window does not move it; the calling thread's first
+window, measured while the pipeline warms up, is one of three), and a parallel level is
+chosen only when it is faster than the calling thread by more than `margin` (10 %), so
+AUTOTUNE is not slower than sequential by more than noise. An apparent gain between -10 %
+and +35 % is within what the noise makes of one round: up to `rounds` rounds are measured
+before it decides; a clear gain or loss decides after one.
 
 Windows are short (3 elements and 20 ms at least, 1 element of warm-up after a switch):
 an element is often a whole batch of 16-64 mapped examples, and the decision must come
@@ -51,6 +53,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 _MAX_WINDOW = 64  # elements in one measured window at most, however fast they are
+# Gains (level 0's time over a level's) that one round of a shared VM's windows cannot tell
+# apart from noise: another round is measured.
+UNSURE = (0.9, 1.35)
 _log = logging.getLogger("phalanx.data")
 
 
@@ -79,17 +84,20 @@ class Tuner:
 
     Levels 0, 1 and 2 are tried, then higher ones while each is not clearly worse than the
     one below it; then level 0 and the two best other levels are measured `confirmations`
-    more times each, in turn, and the level whose fastest window is fastest wins; another
-    level than 0 must beat level 0's fastest window by `margin`.
+    more times each, in turn. Each level's score is the median of its windows (the slower
+    middle one of an even count); the best parallel level wins if it beats level 0 by
+    `margin`. While the best one's gain is ambiguous (within `UNSURE`), up to `rounds`
+    rounds are measured.
 
     Args:
       max_level: the most workers to try (the CPU count for a map, 1 for a prefetch).
-      margin: the relative gain a parallel level needs over the calling thread (0.05).
+      margin: the relative gain a parallel level needs over the calling thread (0.10).
       warmup: elements ignored after each switch (pool start-up, first calls).
       window: elements measured per trial (at least; longer while under `min_seconds`).
       min_seconds: a trial's shortest duration, so that timer noise stays small.
       confirmations: how many more times level 0 and the two best other levels are
-        measured, in turn, before the choice.
+        measured, in turn, in a round.
+      rounds: the most rounds measured while the gain is ambiguous.
 
     Example:
       >>> tuner = Tuner(max_level=2)
@@ -99,11 +107,12 @@ class Tuner:
     """
 
     max_level: int
-    margin: float = 0.05
+    margin: float = 0.10
     warmup: int = 1
     window: int = 3
     min_seconds: float = 0.02
     confirmations: int = 2
+    rounds: int = 3
     kind: str = "thread"  # what a level counts: "thread" or "process" workers
     samples: dict[int, list[float]] = dataclasses.field(default_factory=dict, init=False)
     # The window being measured, kept across iterators (a short epoch holds few elements).
@@ -113,9 +122,8 @@ class Tuner:
     level: int = dataclasses.field(default=0, init=False)
     _confirm: list[int] = dataclasses.field(default_factory=list, init=False)
     _climbing: bool = dataclasses.field(default=True, init=False)
-    # Per level, how many of its windows were measured before the confirmation phase.
-    _climbed: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
     _candidates: list[int] = dataclasses.field(default_factory=list, init=False)  # confirming
+    _rounds_done: int = dataclasses.field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.max_level < 0:
@@ -152,6 +160,15 @@ class Tuner:
         before = self.level
         self.observe(self.pending)
         return self.level != before
+
+    def restart(self) -> None:
+        """A new iteration starts at the current level: its workers start together, so
+        its elements come in whole bursts from the first one on. A partial burst kept in
+        the pending window from the iteration before is dropped: joined to the new bursts
+        it would pair a short interval with none of the long ones (a window measured ~1.5x
+        too fast at 2 workers when it spanned epochs)."""
+        whole = len(self.pending) - len(self.pending) % max(self.level, 1)
+        del self.pending[whole:]
 
     def carry_over(self, count: int) -> None:
         """The next `count` elements were started at the level just left (an executor that
@@ -207,22 +224,25 @@ class Tuner:
             self.level = level + 1
             return
         self._climbing = False
-        self._climbed = {lv: len(times) for lv, times in self.samples.items()}
         others = sorted((lv for lv in self.samples if lv > 0), key=self._time)
         self._candidates = others[:2]  # confirmed even when they looked worse than level 0
+        self._next_round()
+
+    def _next_round(self) -> None:
+        """Measures level 0 and the candidates `confirmations` more times each, in turn."""
+        self._rounds_done += 1
         self._confirm = self._candidates + [0, *self._candidates] * (self.confirmations - 1)
         self.level = 0
 
-    def _confirmed(self, level: int) -> list[float]:
-        """The windows measured at `level` while confirming (all of them if none were)."""
-        times = self.samples.get(level, [])
-        return times[self._climbed.get(level, 0) :] or times
-
     def _decide(self) -> None:
-        fastest = {lv: min(self._confirmed(lv)) for lv in self._candidates}
-        bar = min(self._confirmed(0)) * (1 - self.margin)
-        winners = [lv for lv in self._candidates if fastest[lv] < bar]
-        self.choice = self.level = min(winners, key=fastest.__getitem__) if winners else 0
+        score = {lv: statistics.median_high(self.samples[lv]) for lv in (0, *self._candidates)}
+        best = min(self._candidates, key=score.__getitem__)
+        gain = score[0] / score[best]
+        if UNSURE[0] < gain < UNSURE[1] and self._rounds_done < self.rounds:
+            self._next_round()
+            return
+        wins = score[best] < score[0] * (1 - self.margin)
+        self.choice = self.level = best if wins else 0
 
 
 class Autotuned:
@@ -255,6 +275,7 @@ class Autotuned:
         self._executor: Any = None
         self._ready: collections.deque = collections.deque()  # drained from the last level
         self._last: float | None = None  # no interval before an iterator's first element
+        tuner.restart()
 
     @property
     def workers(self) -> int:

@@ -218,6 +218,8 @@ class _ParallelMapCursor:
             from phalanx._src.data import autotune
 
             node.tuner = autotune.Tuner(max_level=cpu_count())
+        if node.workers == AUTOTUNE:
+            node.tuner.restart()
         self._width = node.workers if node.workers != AUTOTUNE else node.tuner.level
 
     def _call(self, element: Any, position: int) -> Any:
