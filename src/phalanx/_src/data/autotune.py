@@ -27,8 +27,8 @@ Windows are short (3 elements and 20 ms at least, 1 element of warm-up after a s
 an element is often a whole batch of 16-64 mapped examples, and the decision must come
 early (earlier windows of 16 elements and 0.1 s took ~130 batches, longer than the
 1,500-example runs of issue 34, which thus ran mostly at the levels being measured and
-landed at ~1.0x sequential where 2 threads gave 1.8x). On 2 cores the 9 windows take ~240
-elements of a 1 ms map, and ~40 of a 10 ms one.
+landed at ~1.0x sequential where 2 threads gave 1.8x). On 2 cores one round (9 windows)
+takes ~240 elements of a 1 ms map and ~40 of a 10 ms one; three rounds ~480 and ~90.
 
 The choice is kept on the Dataset, so later epochs start at it; `Tuner.describe()` (and
 `Dataset.autotune_report`) says what was measured and chosen, and the choice is logged at
