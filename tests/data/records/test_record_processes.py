@@ -39,31 +39,26 @@ def pipeline(paths, **map_kwargs):
     return TFRecordDataset(paths, num_parallel_reads=2).map(augment, **map_kwargs).batch(5)
 
 
-def _same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        for u, v in zip(x, y, strict=True):
-            np.testing.assert_array_equal(u, v)
-
-
 def test_processes_give_the_threads_batches_and_resume_exactly(tmp_path):
     paths, _ = write_shards(tmp_path, 3, [7, 4, 9])
     inline = list(pipeline(paths))
-    _same(inline, list(pipeline(paths, num_parallel_calls=2)))
+    np.testing.assert_equal(inline, list(pipeline(paths, num_parallel_calls=2)))
     workers = pipeline(paths, num_parallel_calls=2, workers="process")
-    _same(inline, list(workers))
-    _same(inline, list(pipeline(paths, num_parallel_calls=AUTOTUNE, workers="process")))
+    np.testing.assert_equal(inline, list(workers))
+    np.testing.assert_equal(
+        inline, list(pipeline(paths, num_parallel_calls=AUTOTUNE, workers="process"))
+    )
     it = iter(workers)  # epoch 1: the same records, epoch 1's random streams
     head = [next(it) for _ in range(2)]
     state = json.loads(json.dumps(it.get_state()))
     rest = list(it)
     threads = pipeline(paths, num_parallel_calls=2)
     list(threads)  # its epoch 0
-    _same(head + rest, list(threads))
+    np.testing.assert_equal(head + rest, list(threads))
     assert not all(np.array_equal(a[1], b[1]) for a, b in zip(inline, head, strict=False))
     restored = iter(pipeline(paths, num_parallel_calls=2, workers="process"))
     restored.set_state(state)
-    _same(rest, list(restored))
+    np.testing.assert_equal(rest, list(restored))
 
 
 def test_processes_need_uncompressed_records_right_before_the_map(tmp_path):

@@ -84,20 +84,8 @@ def _covers(crop: tuple[int, int, int, int], boxes: tuple, min_object_covered: f
     return False
 
 
-def _unit_boxes(bounding_boxes: Any) -> tuple[tuple[float, float, float, float], ...]:
-    """The boxes as float32-valued (ymin, xmin, ymax, xmax) tuples, checked.
-
-    Pipelines pass the same boxes (a constant) for every image: a hashable value is
-    converted once and remembered.
-    """
-    try:
-        hash(bounding_boxes)
-    except TypeError:  # a list or an array: converted on every call
-        return _checked_boxes(bounding_boxes)
-    return _remembered_boxes(bounding_boxes)
-
-
 def _checked_boxes(bounding_boxes: Any) -> tuple[tuple[float, float, float, float], ...]:
+    """The boxes as float32-valued (ymin, xmin, ymax, xmax) tuples, checked."""
     raw = np.zeros((0, 4), np.float32) if bounding_boxes is None else np.asarray(bounding_boxes)
     raw = raw.reshape(-1, 4).astype(np.float32)
     if np.any(raw < 0) or np.any(raw > 1) or np.any(raw[:, 2] < raw[:, 0]):
@@ -106,9 +94,6 @@ def _checked_boxes(bounding_boxes: Any) -> tuple[tuple[float, float, float, floa
             f"{raw.tolist()}"
         )
     return tuple(tuple(box) for box in raw.tolist())
-
-
-_remembered_boxes = functools.lru_cache(maxsize=64)(_checked_boxes)
 
 
 def _crop_window(
@@ -165,7 +150,7 @@ def _prepare(
         raise ValueError(f"max_attempts must be > 0, got {max_attempts!r}")
     boxes = tuple(
         (int(xmin * width), int(ymin * height), int(xmax * width), int(ymax * height))
-        for ymin, xmin, ymax, xmax in _unit_boxes(bounding_boxes)
+        for ymin, xmin, ymax, xmax in _checked_boxes(bounding_boxes)
     )
     if not boxes:
         if not use_image_if_no_bounding_boxes:

@@ -165,20 +165,12 @@ class RecordReader:
         length = self._header()
         if length is None:
             return None
-        start, file = self.offset, self._file
+        start = self.offset
         end = start + 16 + length
         if self._size is not None and end > self._size:
             self._fail(start, f"truncated: the record's {length} bytes run past the end")
-        try:  # two reads: no copy of a large record
-            data = file.read(length)
-            footer = file.read(4) if len(data) == length else b""
-        except (OSError, EOFError, zlib.error) as e:
-            self._fail(start, f"the stream cannot be read ({type(e).__name__}: {e})")
-        if len(data) != length:
-            self._fail(start, f"truncated: expected {length} bytes of data, found {len(data)}")
-        if len(footer) != 4:
-            self._fail(start, f"truncated: expected 4 bytes of data checksum, found {len(footer)}")
-        if masked_crc(data) != _CRC.unpack(footer)[0]:
+        data = self._read(length, start, "data")  # two reads: no copy of a large record
+        if masked_crc(data) != _CRC.unpack(self._read(4, start, "data checksum"))[0]:
             self._fail(start, "the checksum of the data does not match")
         self.offset = end
         return data
