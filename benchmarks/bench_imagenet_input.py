@@ -7,7 +7,7 @@ Writes --images JPEGs of 500x375 (~45 KiB at quality 90: smooth content plus sen
 noise, generated here, nothing downloaded) as tf.train.Examples into 8 TFRecord files
 (phalanx's TFRecordWriter) and one ArrayRecord file, then times, in one process, one epoch
 at a time, interleaved over the variants (a busy neighbour hits each alike), best of
---rounds after a warm-up epoch:
+--rounds after a warm-up epoch (AUTOTUNE rows: warm-up epochs until it has chosen):
 
 - phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
   Inception crop, 224x224 bilinear WITHOUT antialias as TF's ResNet code resizes, random
@@ -362,7 +362,7 @@ def time_pipeline_overhead(jpegs: list[bytes]) -> None:
             print(f"| {label} | {1e6 * best / len(jpegs):.1f} |")
 
 
-def time_fit(paths: list[str], steps: int, epochs: int) -> None:
+def time_fit(paths: list[str], steps: int, epochs: int, processes: list[int]) -> None:
     """fit fed by the uint8 TFRecord pipeline against fit on synthetic data in memory.
 
     On a GPU: ResNet-50 (bench_models.py's, bf16, batch 256), the issue's target being the
@@ -417,14 +417,29 @@ def time_fit(paths: list[str], steps: int, epochs: int) -> None:
         .map(preprocess, num_parallel_calls=data.AUTOTUNE)
         .batch(batch)
     )
+    def in_processes(calls: int) -> data.Dataset:
+        return (
+            data.TFRecordDataset(paths, num_parallel_reads=min(len(paths), 4))
+            .map(preprocess, num_parallel_calls=calls, workers="process")
+            .batch(batch)
+            .repeat()
+        )
+
+    feeds = [("threads, AUTOTUNE", fed), ("processes, AUTOTUNE", in_processes(data.AUTOTUNE))]
+    feeds += [(f"{n} processes", in_processes(n)) for n in processes]
     name = "ResNet-50 (bf16)" if gpu else "small ResNet (CPU check)"
     print(f"\n## fit: {name}, batch {batch}, {steps} steps x {epochs} epochs, {jax.devices()[0]}")
     print("| data | images/s | input wait |\n|---|---|---|")
     base, _ = rates(synthetic)
     print(f"| synthetic uint8 in memory | {base:,.0f} | - |")
-    rate, wait = rates(fed)
-    print(f"| TFRecords -> phalanx.image (AUTOTUNE) | {rate:,.0f} ({rate / base:.2f}x) | "
-          f"{wait:.1%} |")  # fmt: skip
+    for label, ds in feeds:
+        rate, wait = rates(ds)
+        print(f"| TFRecords -> phalanx.image ({label}) | {rate:,.0f} "
+              f"({rate / base:.2f}x) | {wait:.1%} |")  # fmt: skip
+        report = ds.autotune_report
+        if report:
+            print(f"\n{label}: {report}\n")
+        sys.stdout.flush()
 
 
 def main() -> None:
@@ -446,6 +461,9 @@ def main() -> None:
     )
     parser.add_argument("--fit-steps", type=int, default=50, help="fit's steps per epoch")
     parser.add_argument("--fit-epochs", type=int, default=3)
+    parser.add_argument(
+        "--fit-processes", type=int, nargs="*", default=[], help="also fit fed by N processes"
+    )
     args = parser.parse_args()
     if args.stages:
         time_stages(args.images)
@@ -466,7 +484,7 @@ def main() -> None:
         mean_kib = np.mean([len(j) for j in jpegs]) / 1024
         paths, array_path = write_files(Path(folder), jpegs)
         if args.fit:
-            time_fit(paths, args.fit_steps, args.fit_epochs)
+            time_fit(paths, args.fit_steps, args.fit_epochs, args.fit_processes)
             return
         variants: dict[tuple[str, int], object] = {}
         for workers in args.workers:
@@ -495,14 +513,20 @@ def main() -> None:
                 for key, pipeline in variants.items()
                 if any(text in key[0] for text in args.only)
             }
-        for pipeline in variants.values():  # warm-up: imports, pools, AUTOTUNE's measuring
-            epoch_rate(pipeline, args.images)
+        for key, pipeline in variants.items():  # warm-up: imports, pools, AUTOTUNE's measuring
+            for _ in range(12):  # AUTOTUNE: until it has chosen (its report says after what)
+                wall, _ = epoch_rate(pipeline, args.images)
+                print(f"warm-up {key}: {wall:,.0f} images/s", file=sys.stderr, flush=True)
+                report = getattr(pipeline, "autotune_report", None)
+                if key[1] != 0 or not report or report.startswith("AUTOTUNE chose"):
+                    break
         best = dict.fromkeys(variants, 0.0)
         per_cpu = dict.fromkeys(variants, 0.0)
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for key, pipeline in variants.items():
                 wall, cpu = epoch_rate(pipeline, args.images)
                 best[key], per_cpu[key] = max(best[key], wall), max(per_cpu[key], cpu)
+                print(f"round {r + 1} {key}: {wall:,.0f} images/s", file=sys.stderr, flush=True)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
         print(
             f"\n## {args.images} JPEGs 500x375 (mean {mean_kib:.1f} KiB) in 8 TFRecord files, "

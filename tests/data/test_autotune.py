@@ -43,7 +43,16 @@ def test_gil_releasing_work_takes_the_speed_up():
     levels = _drive(tuner, times)
     assert tuner.choice == 2
     # climb while not clearly worse than the level below, then confirm 0 and the two best
-    assert levels == [0, 1, 2, 3, 4, 0, 2, 3, 0, 2, 3]
+    assert levels == [0, 1, 2, 4, 0, 2, 4, 0, 2, 4]
+
+
+def test_past_two_workers_the_climb_doubles_up_to_the_top():
+    # Work that scales with the cores of a 12-core host: 0, 1, 2, 4, 8, 12 (6 levels, not 13).
+    tuner = Tuner(max_level=12)
+    levels = _drive(tuner, {n: 1e-3 / max(n, 0.9) for n in range(13)})
+    assert levels[:6] == [0, 1, 2, 4, 8, 12]
+    assert set(levels) == {0, 1, 2, 4, 8, 12}
+    assert tuner.choice == 12
 
 
 def test_a_gain_within_noise_is_not_taken():
@@ -75,6 +84,17 @@ def test_one_stall_in_a_window_does_not_decide():
     assert per_element([0.01] * 7 + [5.0]) == pytest.approx(0.01)
     # Bursts from parallel workers (several at once, then a gap) average out.
     assert per_element([0.0, 0.0, 0.03, 0.0, 0.0, 0.03]) == pytest.approx(0.01)
+
+
+def test_bursts_of_many_workers_are_not_taken_for_stalls():
+    # 8 workers: 7 intervals near 0, then one gap of 8 elements' time, burst after burst
+    # (measured with 8 processes of a 20 ms-per-element map). Interval by interval, each gap
+    # was over 10x the median (a near-0 one) and dropped: ~700x too fast.
+    window = ([0.0001] * 7 + [0.0793]) * 9
+    assert per_element(window, burst=8) == pytest.approx(0.01, rel=0.01)
+    assert per_element(window[:8] * 8 + [0.0001] * 7 + [5.0], burst=8) == pytest.approx(
+        0.01, rel=0.01
+    )  # a real stall, one burst of 9, is still counted as the median burst
     tuner = Tuner(max_level=1)
     tuner.observe([0.01] * 7 + [5.0])
     tuner.observe([0.02] * 8)
@@ -178,6 +198,65 @@ def test_the_driver_keeps_process_pools_for_the_levels_it_comes_back_to():
     assert parked == [] and [entry[:2] for entry in log].count(("close", 1)) == 1
     driver.close()
     assert log[-1] == ("close", 2, 60)
+
+
+class _FakeCappedPool(_FakePool):
+    """Worker processes that start elements up to `limit`'s cap (at most 4 per worker
+    ahead of the consumer): `drain` hands over the ones started and not yet handed out."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.cap, self.drained = None, []
+
+    def limit(self, stop):
+        self.cap = stop
+
+    def drain(self):
+        started = self.step + 4 * self.level
+        if self.cap is not None:
+            started = min(started, self.cap)
+        elements = list(range(self.step, started))
+        self.drained.append(len(elements))
+        self.step = started
+        return elements
+
+
+def test_measuring_processes_leave_a_level_with_one_burst_in_flight_at_most():
+    # Each element in flight at a switch is handed out unmeasured: without the cap, 4 per
+    # worker were (~60 batches before a decision on 2 cores); with it, the other workers'
+    # next elements only, so that all stay busy to the window's end.
+    clock, log, pools = _Clock(), [], []
+    cost = {0: 1.0, 1: 0.6, 2: 0.5, 4: 0.3}
+
+    def factory(level, step):
+        if level == 0:
+            return _FakeExecutor(clock, level, step, cost, log)
+        pools.append(_FakeCappedPool(clock, level, step, cost, log))
+        return pools[-1]
+
+    def park(pool, keep):  # none kept: each level starts a new pool, drained at its end
+        if pool is not None:
+            pool.close()
+
+    tuner = Tuner(max_level=4, warmup=1, window=1, min_seconds=0)
+    driver = Autotuned(tuner, factory, 0, clock=clock, park=park)
+    out = [driver.next() for _ in range(80)]
+    assert out == list(range(80))
+    assert tuner.choice == 4
+    assert all(pool.drained for pool in pools[:-1])
+    for pool in pools:
+        assert all(count <= pool.level - 1 for count in pool.drained), (pool.level, pool.drained)
+    assert pools[-1].cap is None  # settled: the chosen level's pool runs ahead freely
+
+
+def test_needed_counts_the_shortest_window_of_whole_bursts():
+    tuner = Tuner(max_level=4, warmup=1, window=3, min_seconds=0)
+    assert tuner.needed(fresh=True) == 1 + 3  # the warm-up, then 3 intervals
+    tuner.level, tuner.since_switch = 2, 0
+    assert tuner.needed(fresh=True) == 1 + 4  # whole bursts of 2: 4 intervals
+    tuner.since_switch, tuner.pending = 3, [0.01, 0.01]
+    assert tuner.needed(fresh=False) == 2
+    assert tuner.needed(fresh=True) == 2 + 1  # a new iteration: its first has no interval
 
 
 def _rows(n):

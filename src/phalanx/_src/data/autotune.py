@@ -59,23 +59,26 @@ UNSURE = (0.9, 1.35)
 _log = logging.getLogger("phalanx.data")
 
 
-def per_element(intervals: Sequence[float]) -> float:
+def per_element(intervals: Sequence[float], burst: int = 1) -> float:
     """The mean time between elements, not counting one isolated stall.
 
-    One long stall in a window of 8 or more (a compile in the consumer, a page-in) must
-    not decide the level: an interval over 10x the median is counted as the median. Bursts
-    from parallel workers (several elements at once, then a gap) are kept whole, so they
-    average out to the true rate; in a short window such a gap is the rate itself (two
-    workers: one interval near 0, the next twice the mean), so nothing is dropped there.
+    N workers hand out elements in bursts of N: N-1 intervals near 0, then one gap of
+    about N elements' time. So the intervals are summed burst by burst (`burst` = N), and
+    one long stall in a window of 8 bursts or more (a compile in the consumer, a page-in)
+    must not decide the level: a burst over 10x the median burst is counted as the
+    median. (Compared interval by interval, the median at 8 workers is a near-0 one, and
+    every burst's gap looked like a stall: 8 and 16 processes were measured 20-700x too
+    fast.) A short window is kept whole: its gaps are the rate itself.
     """
     if not intervals:
         raise ValueError("a measured window needs at least one interval")
-    values = sorted(intervals)
-    total = sum(values)
-    middle = values[len(values) // 2]
-    if len(values) >= 8 and values[-1] > 10 * middle:
-        total += middle - values[-1]
-    return total / len(values)
+    burst = max(burst, 1)
+    sums = sorted(sum(intervals[i : i + burst]) for i in range(0, len(intervals), burst))
+    total = sum(sums)
+    middle = sums[len(sums) // 2]
+    if len(sums) >= 8 and sums[-1] > 10 * middle:
+        total += middle - sums[-1]
+    return total / len(intervals)
 
 
 @dataclasses.dataclass
@@ -119,6 +122,7 @@ class Tuner:
     pending: list[float] = dataclasses.field(default_factory=list, init=False)
     since_switch: int = dataclasses.field(default=0, init=False)
     choice: int | None = dataclasses.field(default=None, init=False)
+    elements: int = dataclasses.field(default=0, init=False)  # handed out while measuring
     level: int = dataclasses.field(default=0, init=False)
     _confirm: list[int] = dataclasses.field(default_factory=list, init=False)
     _climbing: bool = dataclasses.field(default=True, init=False)
@@ -155,6 +159,7 @@ class Tuner:
         if last is not None and self.since_switch >= self.warmup:
             self.pending.append(now - last)
         self.since_switch += 1
+        self.elements += not self.settled
         if not self.enough(self.pending):
             return False
         before = self.level
@@ -170,6 +175,18 @@ class Tuner:
         whole = len(self.pending) - len(self.pending) % max(self.level, 1)
         del self.pending[whole:]
 
+    def needed(self, fresh: bool) -> int:
+        """How many more elements the window at this level needs at the fewest (whole
+        bursts, `window` intervals; more when they take under `min_seconds`), counting
+        the unmeasured ones first: the warm-up, and one whose interval has no start
+        (`fresh`: the first an executor hands out). An executor that computes ahead need
+        not start more (`Autotuned` caps worker processes to this while measuring)."""
+        burst = max(self.level, 1)
+        have = len(self.pending)
+        intervals = -(-max(self.window, have + 1) // burst) * burst - have
+        unmeasured = max(self.warmup - self.since_switch, 1 if fresh else 0, 0)
+        return intervals + unmeasured
+
     def carry_over(self, count: int) -> None:
         """The next `count` elements were started at the level just left (an executor that
         finishes its work in flight): they are not measured, as the warm-up is not."""
@@ -180,7 +197,7 @@ class Tuner:
         if self.settled:
             return
         before = self.level
-        self.samples.setdefault(self.level, []).append(per_element(intervals))
+        self.samples.setdefault(self.level, []).append(per_element(intervals, self.level))
         if self._climbing:
             self._climb()
         elif self._confirm:
@@ -207,21 +224,27 @@ class Tuner:
             for level, times in sorted(self.samples.items())
         )
         if not self.settled:
-            return f"AUTOTUNE measuring (now at {name(self.level)}); elements/s: {measured}"
-        return f"AUTOTUNE chose {name(self.choice)}; elements/s measured: {measured or '-'}"
+            return (
+                f"AUTOTUNE measuring (now at {name(self.level)}, {self.elements} elements so "
+                f"far); elements/s: {measured}"
+            )
+        return (
+            f"AUTOTUNE chose {name(self.choice)} after {self.elements} elements; elements/s "
+            f"measured: {measured or '-'}"
+        )
 
     def _time(self, level: int) -> float:
         return statistics.fmean(self.samples[level])
 
     def _climb(self) -> None:
         level = self.level
+        below = max((lv for lv in self.samples if lv < level), default=0)
         # Levels 0, 1 and 2 are always tried: one worker only overlaps the consumer's own
         # work, so work that gains from two workers (I/O waits) may not gain from one.
-        better_than_below = level < 2 or self._time(level) < self._time(level - 1) * (
-            1 + self.margin
-        )
+        better_than_below = level < 2 or self._time(level) < self._time(below) * (1 + self.margin)
         if better_than_below and level < self.max_level:
-            self.level = level + 1
+            # Then doubling (4, 8, ..., and the top): 16 cores take 6 levels, not 17.
+            self.level = level + 1 if level < 2 else min(2 * level, self.max_level)
             return
         self._climbing = False
         others = sorted((lv for lv in self.samples if lv > 0), key=self._time)
@@ -275,6 +298,7 @@ class Autotuned:
         self._executor: Any = None
         self._ready: collections.deque = collections.deque()  # drained from the last level
         self._last: float | None = None  # no interval before an iterator's first element
+        self._capped = False  # whether the executor's starts are limited (`limit`)
         tuner.restart()
 
     @property
@@ -289,13 +313,23 @@ class Autotuned:
     def next(self) -> Any:
         if self._ready:
             self._step += 1
+            self._tuner.elements += not self._tuner.settled  # carried over, unmeasured
             return self._ready.popleft()
         if self._executor is None:
             self._executor = self._factory(self._tuner.level, self._step)
+        if not self._tuner.settled and hasattr(self._executor, "limit"):
+            # Worker processes start no more than the window needs, and the other workers'
+            # next elements (so all stay busy to its end): few are in flight at a switch.
+            burst = max(self._tuner.level, 1)
+            self._executor.limit(self._step + self._tuner.needed(self._last is None) + burst - 1)
+            self._capped = True
         element = self._executor.next()
         self._step += 1
         if not self._tuner.settled:
             self._measure()
+        if self._capped and self._tuner.settled and self._executor is not None:
+            self._executor.limit(None)  # the chosen level computes ahead freely
+            self._capped = False
         if self._tuner.settled and self._park is not None and self._executor is not None:
             # Once the chosen level runs (its kept workers taken back), stop the others.
             self._park(None, keep=0)

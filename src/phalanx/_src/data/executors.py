@@ -153,7 +153,10 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
     if not options.autotune.enabled:
         return make(top, start, ahead)
     tuner = dataset._tuner_for(top)
-    tuner.kind = "process" if processes else "thread"
+    if processes:
+        # A process level's element is usually a batch (tens of ms): one burst, one
+        # element per worker, of at least `min_seconds` is a window.
+        tuner.kind, tuner.window = "process", 1
     return autotune.Autotuned(
         tuner,
         lambda level, step: make(level, step, max(ahead, 2 * level)),
@@ -240,6 +243,10 @@ class _ParallelMapCursor:
         return results, None, time.perf_counter() - began
 
     def _fill(self) -> None:
+        if self._pool is None and self._pending:
+            # AUTOTUNE left a level: its tasks finish first, or the new pool would compute
+            # ahead while they are handed out, and its first window would run too fast.
+            return
         while not self._done and len(self._pending) < 2 * self._width:
             elements, states = [], []
             while len(elements) < self._task:

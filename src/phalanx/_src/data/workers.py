@@ -199,6 +199,7 @@ class Processes:
         self.workers = workers
         self._key: tuple[int, ...] = ()
         self._start = self._stop = self._next_submit = self._next_out = 0
+        self._cap: int | None = None  # no element started at or past it (`limit`)
         self._depth = depth
         self._closed = False
         ctx = _get_context()
@@ -232,7 +233,14 @@ class Processes:
             raise RuntimeError("begin() while elements are still in flight")
         self._key, self._start, self._stop = key, start, stop
         self._next_submit = self._next_out = start
+        self._cap = None
         return self
+
+    def limit(self, stop: int | None) -> None:
+        """Starts no element at or past `stop` (None: up to the iteration's end), so that
+        AUTOTUNE, measuring, leaves a level with few elements in flight. The next element
+        is always allowed."""
+        self._cap = None if stop is None else max(stop, self._next_out + 1)
 
     @property
     def idle(self) -> bool:
@@ -297,7 +305,8 @@ class Processes:
 
     def _submit(self) -> None:
         n = len(self._procs)
-        while self._next_submit < self._stop:
+        stop = self._stop if self._cap is None else min(self._stop, self._cap)
+        while self._next_submit < stop:
             w = (self._next_submit - self._start) % n
             if not self._free[w]:
                 return  # round robin keeps every worker's queue in step order
