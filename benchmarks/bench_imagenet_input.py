@@ -417,6 +417,7 @@ def time_fit(paths: list[str], steps: int, epochs: int, processes: list[int]) ->
         .map(preprocess, num_parallel_calls=data.AUTOTUNE)
         .batch(batch)
     )
+
     def in_processes(calls: int) -> data.Dataset:
         return (
             data.TFRecordDataset(paths, num_parallel_reads=min(len(paths), 4))
