@@ -4,8 +4,8 @@ Threads fight over the GIL: a map of small NumPy operations driven from Python r
 half as fast on two threads as in the calling thread, while a map that releases the GIL
 (large array kernels, decoding, file reads) gains. No rule decides this beforehand, so
 `num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`) measure it online: the elements are
-computed at parallelism 0 (the calling thread alone), then 1, 2, ... workers, a window of
-elements each, and the pipeline settles on the level whose *per-element wall time as the
+computed at parallelism 0 (the calling thread alone), then 1, 2, 4, 8, ... workers (the
+last level the CPU count), a window of elements each, and the pipeline settles on the level whose *per-element wall time as the
 consumer sees it* is lowest. That time includes the consumer's own work between elements
 and any slowdown the workers cause it, which is what a training loop pays.
 
@@ -29,6 +29,9 @@ early (earlier windows of 16 elements and 0.1 s took ~130 batches, longer than t
 1,500-example runs of issue 34, which thus ran mostly at the levels being measured and
 landed at ~1.0x sequential where 2 threads gave 1.8x). On 2 cores one round (9 windows)
 takes ~240 elements of a 1 ms map and ~40 of a 10 ms one; three rounds ~480 and ~90.
+Worker processes usually compute whole batches: their window is one burst (an element per
+worker), and while measuring they start no more elements than the window needs (each one
+in flight at a switch is handed out unmeasured): 24 batches on 2 cores, ~160 on 16.
 
 The choice is kept on the Dataset, so later epochs start at it; `Tuner.describe()` (and
 `Dataset.autotune_report`) says what was measured and chosen, and the choice is logged at
@@ -67,7 +70,7 @@ def per_element(intervals: Sequence[float], burst: int = 1) -> float:
     one long stall in a window of 8 bursts or more (a compile in the consumer, a page-in)
     must not decide the level: a burst over 10x the median burst is counted as the
     median. (Compared interval by interval, the median at 8 workers is a near-0 one, and
-    every burst's gap looked like a stall: 8 and 16 processes were measured 20-700x too
+    a burst's gap looked like a stall: 8 and 16 workers were measured 1.5-1,400x too
     fast.) A short window is kept whole: its gaps are the rate itself.
     """
     if not intervals:
@@ -85,8 +88,8 @@ def per_element(intervals: Sequence[float], burst: int = 1) -> float:
 class Tuner:
     """Chooses a pipeline's parallelism (0: the calling thread) from measured windows.
 
-    Levels 0, 1 and 2 are tried, then higher ones while each is not clearly worse than the
-    one below it; then level 0 and the two best other levels are measured `confirmations`
+    Levels 0, 1 and 2 are tried, then 4, 8, ... and `max_level` while each is not clearly
+    worse than the one tried before it; then level 0 and the two best other levels are measured `confirmations`
     more times each, in turn. Each level's score is the median of its windows (the slower
     middle one of an even count); the best parallel level wins if it beats level 0 by
     `margin`. While the best one's gain is ambiguous (within `UNSURE`), up to `rounds`
