@@ -5,9 +5,10 @@ half as fast on two threads as in the calling thread, while a map that releases 
 (large array kernels, decoding, file reads) gains. No rule decides this beforehand, so
 `num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`) measure it online: the elements are
 computed at parallelism 0 (the calling thread alone), then 1, 2, 4, 8, ... workers (the
-last level the CPU count), a window of elements each, and the pipeline settles on the level whose *per-element wall time as the
-consumer sees it* is lowest. That time includes the consumer's own work between elements
-and any slowdown the workers cause it, which is what a training loop pays.
+last level the CPU count), a window of elements each, and the pipeline settles on the
+level whose *per-element wall time as the consumer sees it* is lowest. That time includes
+the consumer's own work between elements and any slowdown the workers cause it, which is
+what a training loop pays.
 
 After the climb, the calling thread and the two best other levels are always measured
 again, in turn, twice (the confirmation), however the climb's single windows compared: on a
@@ -89,11 +90,11 @@ class Tuner:
     """Chooses a pipeline's parallelism (0: the calling thread) from measured windows.
 
     Levels 0, 1 and 2 are tried, then 4, 8, ... and `max_level` while each is not clearly
-    worse than the one tried before it; then level 0 and the two best other levels are measured `confirmations`
-    more times each, in turn. Each level's score is the median of its windows (the slower
-    middle one of an even count); the best parallel level wins if it beats level 0 by
-    `margin`. While the best one's gain is ambiguous (within `UNSURE`), up to `rounds`
-    rounds are measured.
+    worse than the one tried before it; then level 0 and the two best other levels are
+    measured `confirmations` more times each, in turn. Each level's score is the median of
+    its windows (the slower middle one of an even count); the best parallel level wins if
+    it beats level 0 by `margin`. While the best one's gain is ambiguous (within
+    `UNSURE`), up to `rounds` rounds are measured.
 
     Args:
       max_level: the most workers to try (the CPU count for a map, 1 for a prefetch).
