@@ -113,9 +113,9 @@ def _crop_window(
     try:
         hash(setup)
     except TypeError:  # a list or an array among them: prepared on every call
-        prepared = _prepare(*setup)
+        prepared = _prepare(setup)
     else:
-        prepared = _remembered_preparation(*setup)
+        prepared = _remembered_preparation(setup)
     boxes, min_area, max_area, low, high, attempts = prepared
     integers = randomness.integers_of(rng)  # rng.random() below is uniform(0, 1)'s number
     for _ in range(attempts):
@@ -128,20 +128,17 @@ def _crop_window(
 
 
 def _prepare(
-    height: int,
-    width: int,
-    bounding_boxes: Any,
-    aspect_ratio_range: tuple[float, float],
-    area_range: tuple[float, float],
-    max_attempts: int,
-    use_image_if_no_bounding_boxes: bool,
+    setup: tuple[Any, ...],
 ) -> tuple[tuple[tuple[int, int, int, int], ...], float, float, float, float, int]:
     """What `_crop_window`'s attempts share, checked: the boxes in pixels (x0, y0, x1, y1),
     the float32 area bounds, the aspect ratio range and the number of attempts.
 
+    `setup` holds `_crop_window`'s arguments but the generator and `min_object_covered`.
     A pipeline crops every image with the same arguments and few distinct image sizes:
     hashable ones are prepared once and remembered.
     """
+    (height, width, bounding_boxes, aspect_ratio_range, area_range, max_attempts,
+     use_image_if_no_bounding_boxes) = setup  # fmt: skip
     if not (0 < area_range[0] <= area_range[1] <= 1.0):
         raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
     if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
