@@ -262,7 +262,7 @@ def test_strategy_room_imports_go_one_way():
 # the layers above it. `image` (NumPy image ops) sits above `data`, whose `map` opens their
 # random streams; `strategy` owns what may cross to the devices, which `data` checks.
 LAYERS = (
-    ("compilation_cache",),
+    ("compilation_cache", "shutdown"),
     ("cluster",),
     ("strategy",),
     ("image",),

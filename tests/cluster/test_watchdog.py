@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+
 import pytest
 
+from phalanx._src.cluster.native_terminate import NATIVE_ABORT_STATUS
 from phalanx._src.cluster.watchdog import PeerWatchdog, StartupTimer
 
 
@@ -121,3 +126,71 @@ def test_the_startup_timer_is_cancelled_once_joined():
         pass
     timer._timer.join(1)
     assert said == []
+
+
+class FakeHook:
+    """What `TerminateHook` gives the watchdog: `fired` once a native thread terminated."""
+
+    def __init__(self):
+        self.fired = threading.Event()
+
+
+def _native_watchdog(client, clock, said):
+    dog = PeerWatchdog(
+        client, 0, 3, timeout=20, interval=1, die=lambda *a: said.append(a), clock=clock
+    )
+    dog.native = FakeHook()
+    dog._seen = {p: ("", clock()) for p in range(3)}
+    return dog
+
+
+def test_after_a_native_terminate_a_dead_peer_is_still_named():
+    # Gloo saw the broken connection first: the verdict is the watchdog's, as without it.
+    client, clock, said = FakeClient(alive=[1]), Clock(), []
+    dog = _native_watchdog(client, clock, said)
+    dog.native.fired.set()
+    clock.now += 21
+    assert not dog.check()
+    assert said[0][0].startswith("phalanx: process 2 of 3 stopped responding 21 s ago")
+
+
+def test_a_native_terminate_with_every_peer_answering_is_named_as_a_native_failure():
+    client, clock, said = FakeClient(alive=[1, 2]), Clock(), []
+    dog = _native_watchdog(client, clock, said)
+    for _ in range(5):
+        clock.now += 1
+        assert dog.check()
+    dog.native.fired.set()
+    for _ in range(23):  # seen at the first check, then the timeout and two intervals
+        clock.now += 1
+        assert dog.check(), said
+    clock.now += 1
+    assert not dog.check()
+    ((message, status),) = said
+    assert status == NATIVE_ABORT_STATUS == 134
+    assert message.startswith("phalanx: process 0 of 3: a native library (C++) failed")
+    assert "PHALANX_NATIVE_TERMINATE=0" in message
+
+
+THROW_IN_A_THREAD = """
+import ctypes, sys, threading
+from phalanx._src.cluster.native_terminate import TerminateHook
+hook = TerminateHook.install()
+throw = ctypes.CDLL("libstdc++.so.6")._ZSt21__throw_runtime_errorPKc
+threading.Thread(target=throw, args=(b"Connection reset by peer",), daemon=True).start()
+print("FIRED" if hook.fired.wait(30) else "NOT FIRED", flush=True)
+hook.uninstall()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="libstdc++'s exception thrower, by name")
+def test_an_uncaught_cpp_exception_on_a_thread_reaches_the_hook_not_the_abort(child_env):
+    done = subprocess.run(
+        [sys.executable, "-c", THROW_IN_A_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "FIRED"), done.stderr
+    assert "terminate called" not in done.stderr

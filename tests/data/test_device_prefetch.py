@@ -39,7 +39,7 @@ def test_next_batches_are_put_ahead_of_the_consumer():
     source = [np.array([i]) for i in range(10)]
     prefetcher = DevicePrefetcher(source, put_fn=put.append, host_depth=4, device_depth=2)
     with prefetcher.start():
-        wait_until(prefetcher._queue.full)
+        wait_until(prefetcher._producer.queue.full)
         assert put == []  # nothing is put before the consumer asks
         next(prefetcher)
         assert len(put) == 3  # batch 0, then 1 and 2 topped up
@@ -125,7 +125,7 @@ def test_state_is_that_of_the_last_batch_returned():
     with DevicePrefetcher(ds, host_depth=4, device_depth=2) as batches:
         state0 = batches.get_state()
         first = [next(batches).tolist() for _ in range(2)]
-        wait_until(batches._queue.full)  # the thread has read far ahead
+        wait_until(batches._producer.queue.full)  # the thread has read far ahead
         state = batches.get_state()
         rest = [b.tolist() for b in batches]
     assert state0["step"] == 0 and state["step"] == 2 and len(first) == 2
@@ -176,7 +176,7 @@ def test_grain_iterators_are_checkpointable_through_the_prefetcher():
     with DevicePrefetcher(iter(source), host_depth=3) as batches:
         assert batches.checkpointable
         next(batches)
-        wait_until(lambda: batches._queue.qsize() >= 2)
+        wait_until(lambda: batches._producer.queue.qsize() >= 2)
         state = batches.get_state()
         rest = [b.tolist() for b in batches]
     assert state == {"next_index": 1} and rest == [[3, 4, 5], [6, 7, 8], [9]]

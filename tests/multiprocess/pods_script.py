@@ -10,13 +10,18 @@ MODE:
   no-backup   fit without BackupAndRestore and SIGTERM at step 20
   twice       like no-backup, with two SIGTERMs in a row
   die         join, train a few steps, then process SIGNAL_PROCESS SIGKILLs itself
+  die-native  as die, and at that step every other process throws an uncaught C++
+              exception on a thread of its own, as Gloo does when it sees the dead peer
+              first (std::terminate, which would abort the process)
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +64,21 @@ class Signal(phalanx.callbacks.Callback):
             time.sleep(self.pause)  # a multi-process sync point needs its peers' counters
 
 
+class NativeThrow(phalanx.callbacks.Callback):
+    """Throws a C++ exception that nothing catches, on a native call of its own thread, after
+    global step `at`: what Gloo's threads do when a peer's connection breaks."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.model.train_step_count == self.at:
+            throw = ctypes.CDLL("libstdc++.so.6")._ZSt21__throw_runtime_errorPKc
+            print(f"NATIVE THROW at step {self.at}", flush=True)
+            threading.Thread(target=throw, args=(b"Connection reset by peer",)).start()
+
+
 def fit(callbacks, epochs=3):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 6)).astype(np.float32)
@@ -95,8 +115,9 @@ def main() -> None:
     elif mode in ("no-backup", "twice"):
         times = 2 if mode == "twice" else 1
         fit([Signal(SIGNAL_AT, signal.SIGTERM, times=times, pause=pause)] if mine else [])
-    elif mode == "die":
-        fit([Signal(SIGNAL_AT, signal.SIGKILL)] if mine else [], epochs=1000)
+    elif mode in ("die", "die-native"):
+        other = [NativeThrow(SIGNAL_AT)] if mode == "die-native" else []
+        fit([Signal(SIGNAL_AT, signal.SIGKILL)] if mine else other, epochs=1000)
     print(f"pods_script {mode} returned normally", flush=True)
 
 

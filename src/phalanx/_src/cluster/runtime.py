@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from phalanx._src.cluster.distributed import DistributedSettings
+from phalanx._src.cluster.native_terminate import TerminateHook
 from phalanx._src.cluster.service_host import hosted_outside
 from phalanx._src.cluster.watchdog import PeerWatchdog, StartupTimer
 
@@ -77,6 +78,7 @@ class JaxRuntime:
             state.process_id,
             state.num_processes,
             settings.heartbeat_timeout_seconds,
+            native=TerminateHook.install(),
         ).start()
 
     def devices(self, platform: str) -> Sequence[Any]:

@@ -29,6 +29,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from phalanx._src.cluster.native_terminate import (
+    NATIVE_ABORT_STATUS,
+    TerminateHook,
+    native_failure_message,
+)
+
 PEER_LOST_STATUS = 75
 JAX_BACKSTOP_SECONDS = 10
 KEY_DIR = "phalanx/alive/"
@@ -143,6 +149,10 @@ class PeerWatchdog:
       interval: seconds between posts (default: timeout / 10, at most 1 s).
       die: what to call with the message (tests replace it).
       clock: a monotonic clock (tests replace it).
+      native: the `TerminateHook` whose `fired` event says that a native thread called
+        std::terminate (a collective library that saw the dead peer first); the watchdog
+        then gives its verdict within the timeout, and names a native failure when no peer
+        stopped. Uninstalled at exit.
     """
 
     def __init__(
@@ -152,13 +162,16 @@ class PeerWatchdog:
         num_processes: int,
         timeout: float,
         interval: float | None = None,
-        die: Callable[[str], None] = _die,
+        die: Callable[..., None] = _die,
         clock: Callable[[], float] = time.monotonic,
+        native: TerminateHook | None = None,
     ) -> None:
         self.client, self.process_id, self.num_processes = client, process_id, num_processes
         self.timeout = timeout
         self.interval = interval if interval is not None else min(1.0, timeout / 10)
         self._die, self._clock = die, clock
+        self.native = native
+        self._native_since: float | None = None  # when the native hook fired, once seen
         self._count = 0
         self._seen: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
@@ -201,6 +214,8 @@ class PeerWatchdog:
         finally:
             self._stop.set()
             self._thread.join(timeout=5)
+            if self.native is not None:  # the interpreter must not be called while it ends
+                self.native.uninstall()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -235,7 +250,21 @@ class PeerWatchdog:
             silent, peer = max(lost)
             self._die(lost_message(peer, self.num_processes, silent, _role(peer)))
             return False
-        return True
+        return self._native_ok(now)
+
+    def _native_ok(self, now: float) -> bool:
+        """False (after saying so) once a native std::terminate has waited out the timeout
+        with every peer still answering: the failure was not a dead peer."""
+        if self.native is None or not self.native.fired.is_set() or self.exiting:
+            return True
+        if self._native_since is None:
+            self._native_since = now
+        waited = now - self._native_since
+        if waited <= self.timeout + 2 * self.interval:
+            return True
+        message = native_failure_message(self.process_id, self.num_processes, waited)
+        self._die(message, NATIVE_ABORT_STATUS)
+        return False
 
 
 _ACTIVE: PeerWatchdog | None = None  # this process's watchdog, once started

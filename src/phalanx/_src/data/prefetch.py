@@ -18,9 +18,11 @@ import itertools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from phalanx._src import shutdown
 from phalanx._src.data import validation
 from phalanx._src.data.autotune import Tuner
 from phalanx._src.strategy import device_batch
@@ -54,6 +56,56 @@ def _checked(put_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return put_fn(batch)
 
     return put
+
+
+class _Producer:
+    """The thread's side of a `DevicePrefetcher`: reads the source into a bounded queue
+    until the end, an error, or `halt()`.
+
+    It holds no reference to its prefetcher, so a prefetcher its user dropped mid-way is
+    collected, and its finalizer halts this thread (joined, never left running into the
+    interpreter's exit with device arrays in its frames: see `shutdown`).
+    """
+
+    def __init__(self, source: Any, put: Callable[[Any], Any] | None, depth: int, saves: bool):
+        self.source, self.put, self.saves = source, put, saves
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.leftover: Any = None  # what it made after it was told to stop
+        self.thread = threading.Thread(
+            target=self._run, name=f"phalanx-prefetch-{next(_ids)}", daemon=True
+        )
+        self.thread.start()
+
+    def _offer(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for batch in self.source:
+                state = self.source.get_state() if self.saves else None
+                if self.put is not None:
+                    batch = self.put(batch)
+                if not self._offer((batch, state)):
+                    self.leftover = (batch, state)  # kept for the consumer's own turn
+                    return
+                del batch  # not held while blocked in the next read
+            if not self._offer(_END):
+                self.leftover = _END
+        except BaseException as error:  # Everything, even KeyboardInterrupt, goes to the consumer.
+            if not self._offer(_Raised(error)):
+                self.leftover = _Raised(error)
+
+    def halt(self) -> None:
+        """Tells the thread to stop and waits for it."""
+        self.stop.set()
+        self.thread.join()
 
 
 class DevicePrefetcher:
@@ -109,10 +161,9 @@ class DevicePrefetcher:
         self._put_in_thread = put_in_thread
         self._checkpointable = _is_checkpointable(self._source)
         self._state = self._source.get_state() if self._checkpointable else None
-        self._queue: queue.Queue = queue.Queue(maxsize=self._host_depth)
         self._device: collections.deque = collections.deque()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._producer: _Producer | None = None
+        self._finalizer: weakref.finalize | None = None  # halts the producer if dropped
         self._pending: Any = None  # _END or _Raised, once the producer has sent it.
         self._closed = False
         self._taken = False
@@ -123,7 +174,6 @@ class DevicePrefetcher:
             self._tuner = Tuner(max_level=1) if autotune else None
         self._clock = clock
         self._last: float | None = None
-        self._leftover: Any = None  # a batch the thread made after it was told to stop
 
     @property
     def checkpointable(self) -> bool:
@@ -138,34 +188,10 @@ class DevicePrefetcher:
 
     def set_state(self, state: Any) -> None:
         """Restores the source's position; only before the first batch is taken."""
-        if self._taken or self._thread is not None:
+        if self._taken or self._producer is not None:
             raise RuntimeError("set_state() must come before the first batch is taken.")
         self._source.set_state(state)
         self._state = state
-
-    def _offer(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self) -> None:
-        try:
-            for batch in self._source:
-                state = self._source.get_state() if self._checkpointable else None
-                if self._put_in_thread:
-                    batch = self._put(batch)
-                if not self._offer((batch, state)):
-                    self._leftover = (batch, state)  # kept for the consumer's own turn
-                    return
-            if not self._offer(_END):
-                self._leftover = _END
-        except BaseException as error:  # Everything, even KeyboardInterrupt, goes to the consumer.
-            if not self._offer(_Raised(error)):
-                self._leftover = _Raised(error)
 
     def _take(self, block: bool) -> bool:
         """Moves one host batch to the device buffer; False when none is (yet) available."""
@@ -173,12 +199,13 @@ class DevicePrefetcher:
             return False
         while True:
             try:
-                item = self._queue.get(timeout=_POLL_S) if block else self._queue.get_nowait()
+                source = self._producer.queue
+                item = source.get(timeout=_POLL_S) if block else source.get_nowait()
                 break
             except queue.Empty:
                 if not block:
                     return False
-                if not self._thread.is_alive():
+                if not self._producer.thread.is_alive():
                     # It may have sent its last item just before exiting.
                     block = False
         if item is _END or isinstance(item, _Raised):
@@ -195,7 +222,7 @@ class DevicePrefetcher:
         """Whether `next` would return at once (a batch, or the end) without waiting."""
         if self._device or self._pending is not None or self._closed:
             return True
-        if self._thread is None:
+        if self._producer is None:
             return False
         self._take(block=False)
         return bool(self._device) or self._pending is not None
@@ -205,11 +232,11 @@ class DevicePrefetcher:
 
         While AUTOTUNE has the consumer make its own batches, there is no thread to start.
         """
-        if self._thread is None and not self._closed and self.threaded:
-            self._thread = threading.Thread(
-                target=self._produce, name=f"phalanx-prefetch-{next(_ids)}", daemon=True
-            )
-            self._thread.start()
+        if self._producer is None and not self._closed and self.threaded:
+            put = self._put if self._put_in_thread else None
+            self._producer = _Producer(self._source, put, self._host_depth, self._checkpointable)
+            self._finalizer = weakref.finalize(self, self._producer.halt)
+            shutdown.track(self)
         return self
 
     @property
@@ -271,14 +298,14 @@ class DevicePrefetcher:
 
     def _stop_thread(self) -> None:
         """Stops the thread and keeps, in order, every batch it made for the consumer."""
-        thread, self._thread = self._thread, None
-        if thread is None:
+        producer, self._producer = self._producer, None
+        if producer is None:
             return
-        self._stop.set()
-        thread.join()
+        self._finalizer.detach()
+        producer.halt()
         while self._pending is None:
             try:
-                item = self._queue.get_nowait()
+                item = producer.queue.get_nowait()
             except queue.Empty:
                 break
             if item is _END or isinstance(item, _Raised):
@@ -286,22 +313,23 @@ class DevicePrefetcher:
                 break
             batch, state = item
             self._device.append((batch if self._put_in_thread else self._put(batch), state))
-        leftover, self._leftover = self._leftover, None
+        leftover = producer.leftover
         if leftover is _END or isinstance(leftover, _Raised):
             self._pending = self._pending or leftover
         elif leftover is not None and self._pending is None:
             batch, state = leftover
             self._device.append((batch if self._put_in_thread else self._put(batch), state))
-        self._stop = threading.Event()
 
     def close(self) -> None:
         """Stops the producer thread and waits for it; safe to call more than once."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            self._finalizer.detach()
+            producer.halt()
+        shutdown.forget(self)
         self._device.clear()
         close = getattr(self._source, "close", None)
         if callable(close):

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from phalanx._src import shutdown
 from phalanx._src.train.checkpoint.files import RECORD, Files, to_devices, to_host
 from phalanx._src.train.checkpoint.layout import Layout
 from phalanx._src.train.checkpoint.lock import CLAIMS, LOCKS
@@ -124,6 +125,7 @@ class TrainCheckpointer:
                     enable_background_delete=True,
                 ),
             )
+            shutdown.track(self)  # its threads end (the save in flight written) before exit
         return self._manager
 
     def claim(self) -> None:
@@ -320,6 +322,7 @@ class TrainCheckpointer:
             try:
                 if self._manager is not None:
                     self._manager.close()
+                    shutdown.forget(self)
             finally:
                 if self._claimed and jax.process_index() == 0:
                     LOCKS.release(self._files.directory)
