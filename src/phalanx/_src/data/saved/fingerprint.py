@@ -14,6 +14,7 @@ is never reused by another run rather than risk serving stale elements.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -191,11 +192,9 @@ class _Hasher:
         if state is not None:
             self.value({k: v for k, v in state.items() if not _unreadable(v)})
             return
-        try:
+        with contextlib.suppress(Exception):  # any failure means: unreadable
             self._put("pickle", pickle.dumps(value, protocol=4))
             return
-        except Exception:  # noqa: BLE001 (any failure means: unreadable)
-            pass
         text = repr(value)
         # An address makes the fingerprint this process's own (see the module docstring).
         self._put("repr", text, os.getpid() if " at 0x" in text else None)

@@ -21,6 +21,7 @@ processes (`map(..., workers="process")`) read a complete snapshot but never wri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -53,10 +54,8 @@ class _Store:
         self.reader = Saved(directory) if is_saved(directory) else None
         self.writer: Writer | None = None
         if self.reader is None and write:
-            try:
+            with contextlib.suppress(Busy):  # another writer: compute without writing
                 self.writer = Writer(directory, print_, compression, resume=True)
-            except Busy:
-                pass
         self._saved_at = time.monotonic()
 
     def offer(self, rows: list[tuple[int, Any]], level: int, length: int | None) -> None:
