@@ -127,7 +127,7 @@ def test_bad_input_is_refused_clearly():
         list(pack_sequences(source([{"a": np.arange(3)}]), 8))
     with pytest.raises(ValueError, match="cast them alike"):
         list(pack_sequences(source([np.arange(3), np.arange(3.0)]), 8))
-    with pytest.raises(TypeError, match="takes a phalanx.data.Dataset"):
+    with pytest.raises(TypeError, match=r"takes a phalanx\.data\.Dataset"):
         pack_sequences([np.arange(3)], 8)
 
 
