@@ -100,6 +100,30 @@ def test_a_changed_pipeline_gets_its_own_snapshot(tmp_path):
     assert len(published(tmp_path)) == 4
 
 
+SCALE = 2
+
+
+def helper(x):
+    return x * SCALE
+
+
+def scaled(x):
+    return np.float32(helper(x))
+
+
+def test_the_fingerprint_follows_globals_and_helpers(tmp_path, monkeypatch):
+    def run():
+        return [float(v) for v in Dataset.range(5).map(scaled).snapshot(tmp_path)]
+
+    assert run() == run() == [0, 2, 4, 6, 8]
+    assert len(published(tmp_path)) == 1
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 3)  # a global the helper reads
+    assert run() == [0, 3, 6, 9, 12]
+    monkeypatch.setattr(sys.modules[__name__], "helper", lambda x: x + 1)  # the helper itself
+    assert run() == [1, 2, 3, 4, 5]
+    assert len(published(tmp_path)) == 3
+
+
 def test_threads_above_a_snapshot_write_it_once(tmp_path, monkeypatch):
     ds = Dataset.range(11).map(dense).snapshot(tmp_path).batch(3)
     ds = ds.map(lambda x: x.sum(), num_parallel_calls=3)

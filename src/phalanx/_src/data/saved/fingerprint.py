@@ -133,6 +133,12 @@ class _Hasher:
         elif isinstance(value, plan.Node):
             for each in plan.chain(value):
                 self.node(each)
+        elif isinstance(getattr(value, "_node", None), plan.Node):
+            # A Dataset (in a flat_map's closure, say): its plan and options, not its
+            # epoch counter or AUTOTUNE's measurements, which change as it runs.
+            self._put("dataset")
+            self.value(value._node)
+            self.value(getattr(value, "_options", None))
         elif callable(getattr(value, "__wrapped__", None)):  # jax.jit, functools.wraps
             self._put("wrapped", type(value).__qualname__)
             self.value(value.__wrapped__)
