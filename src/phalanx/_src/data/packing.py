@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from phalanx._src.data import validation
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.stream import Stream, open_node
 
@@ -248,8 +249,6 @@ def pack_sequences(
       >>> tokens, segment_ids, positions = next(iter(packed))     # each (32, 128)
       >>> mask = segment_attention_mask(segment_ids, causal=True)  # (32, 128, 128)
     """
-    from phalanx._src.data import validation
-
     node = getattr(dataset, "_node", None)
     if node is None or not callable(getattr(dataset, "_then", None)):
         raise TypeError(f"pack_sequences takes a phalanx.data.Dataset, got {dataset!r}")

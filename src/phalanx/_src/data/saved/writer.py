@@ -139,9 +139,12 @@ class Writer:
             os.remove(os.path.join(self.partial, name))  # shards begun after the checkpoint
         count = int(saved["entries"])
         positions = os.path.join(self.partial, _POSITIONS)
-        os.truncate(positions, count * 32)
-        with open(positions, "rb") as f:
-            self._entries.fromfile(f, count * 4)
+        try:
+            os.truncate(positions, count * 32)
+            with open(positions, "rb") as f:
+                self._entries.fromfile(f, count * 4)
+        except (OSError, EOFError):
+            return False  # the entries a checkpoint counted on are gone: start afresh
         self.files = [list(f) for f in saved["files"]]
         self._committed = count
         for position in self._entries[0::4]:
