@@ -135,14 +135,16 @@ class Saved(Node):
             return fd
 
     def record(self, position: int) -> Any:
-        """The checked, decompressed record of element `position`."""
+        """The checked, decompressed record of element `position`, writable (the arrays
+        decoded from it are views, writable as the pipeline's are)."""
         meta, index = self._load()
         file, offset, length = (int(v) for v in index[position])
-        frame = os.pread(self._fd(file), length + 16, offset)
-        data = frame[12:-4]  # bytes: what the CRC binding reads
+        frame = bytearray(length + 16)
+        got = os.preadv(self._fd(file), [frame], offset)
+        data = bytes(memoryview(frame)[12:-4])  # a copy: the CRC binding reads only bytes
         if (
-            len(frame) != length + 16
-            or _HEADER.unpack_from(frame) != (length, masked_crc(frame[:8]))
+            got != len(frame)
+            or _HEADER.unpack_from(frame) != (length, masked_crc(bytes(frame[:8])))
             or _CRC.unpack_from(frame, 12 + length)[0] != masked_crc(data)
         ):
             raise DataLossError(
@@ -150,28 +152,28 @@ class Saved(Node):
                 f"{os.path.join(self.path, meta['files'][file]['name'])!r}: a checksum or "
                 "length does not match; the saved dataset is damaged, save it again"
             )
-        return codec.decompress(data, meta["compression"])
+        if meta["compression"]:
+            return bytearray(codec.decompress(data, meta["compression"]))
+        return memoryview(frame)[12:-4]
 
-    def leaves(self, position: int) -> list[Any]:
+    def element(self, position: int) -> Any:
+        """Element `position` (its arrays are views of its own record)."""
         record = self.record(position)
         if codec.position_of(record) != position:
             raise DataLossError(f"the index of the saved dataset at {self.path!r} is damaged")
-        return codec.decode(record, [s.dtype for s in self._specs])
+        return self.treedef.unflatten(codec.decode(record, [s.dtype for s in self._specs]))
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
-        rows = [self.leaves(int(p)) for p in positions]
-        if self.level == 1:  # arrays of their own, writable as the pipeline's are
-            return [self.treedef.unflatten([_own(leaf) for leaf in row]) for row in rows]
+        elements = [self.element(int(p)) for p in positions]
+        if self.level == 1:
+            return elements
+        rows = [self.treedef.flatten_up_to(e) for e in elements]
         columns = [_stack([row[i] for row in rows], spec) for i, spec in enumerate(self._specs)]
         return self.treedef.unflatten(columns)
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
             os.close(fd)
-
-
-def _own(leaf: Any) -> Any:
-    return leaf.copy() if isinstance(leaf, np.ndarray) and not leaf.flags.writeable else leaf
 
 
 def _stack(values: list[Any], spec: TensorSpec) -> np.ndarray:

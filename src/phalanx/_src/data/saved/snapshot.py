@@ -36,7 +36,7 @@ from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.saved.fingerprint import fingerprint
 from phalanx._src.data.saved.reader import Saved
 from phalanx._src.data.saved.writer import Busy, Writer, is_saved
-from phalanx._src.data.stream import RandomCursor, Stream, open_node
+from phalanx._src.data.stream import Stream, open_node
 
 KEY: Key = ()  # the iteration every pass computes (see the module docstring)
 CHECKPOINT_SECONDS = 30.0
@@ -179,15 +179,22 @@ class StreamSnapshot(Stream):
 
 
 class _ReadCursor:
+    """Reads a complete snapshot in order, one element at a time (a batch after it
+    gathers them: no larger chunk is read and split again)."""
+
     def __init__(self, reader: Saved, state: dict | None) -> None:
-        step = 0 if state is None else int(state["step"])
-        self.cursor = RandomCursor(reader, KEY, {"step": step})
+        self.reader = reader
+        self.step = 0 if state is None else int(state["step"])
 
     def __next__(self) -> Any:
-        return next(self.cursor)
+        if self.step >= self.reader.length:
+            raise StopIteration
+        element = self.reader.element(self.step)
+        self.step += 1
+        return element
 
     def state(self) -> dict:
-        return {"step": self.cursor.step, "parent": None}
+        return {"step": self.step, "parent": None}
 
 
 class _WriteCursor:
