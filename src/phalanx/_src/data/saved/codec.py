@@ -226,7 +226,8 @@ def encode(position: int, arrays: list[np.ndarray]) -> bytes:
         else:
             if array.dtype.byteorder == ">":
                 array = array.astype(array.dtype.newbyteorder("<"))
-            parts.append(np.ascontiguousarray(array).tobytes())
+            # The array's own buffer: join copies it once, into the record.
+            parts.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
     return b"".join(parts)
 
 
