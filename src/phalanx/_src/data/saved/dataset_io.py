@@ -71,7 +71,8 @@ class DatasetIO:
         elements and on an error, and a save of the same pipeline to the same path
         resumes from the last checkpoint after a kill (the elements come out exactly as
         an uninterrupted save writes them, from the iterator's saved position). Without
-        it a new save starts over.
+        it a new save starts over; so does a save of a changed pipeline (its fingerprint,
+        as `snapshot`'s: give a `shuffle` before it a seed, or every run differs).
 
         Differences from tf.data: `load` yields the elements in the saved order (tf.data
         interleaves the shards); `checkpoint_args` takes only `checkpoint_interval`;
