@@ -36,6 +36,7 @@ DATA_LAYERS = (
         "stream_nested",
         "executors",
         "workers",
+        "packing",
     ),
     ("validation", "options", "autotune", "seeds", "files", "wait"),
 )

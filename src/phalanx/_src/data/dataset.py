@@ -25,6 +25,7 @@ from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
 from phalanx._src.data.dataset_tf import DatasetTF
 from phalanx._src.data.iterator import DatasetIterator
 from phalanx._src.data.options import Options
+from phalanx._src.data.saved.dataset_io import DatasetIO
 from phalanx._src.data.stream_nested import StreamBatch
 from phalanx._src.strategy import device_batch
 from phalanx._src.strategy.keras_input import KerasInput
@@ -41,7 +42,7 @@ _INDEX_VIEW_NODES = (
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 
 
-class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: plain Keras's x
+class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # KerasInput: Keras's x
     """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
 
     Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
