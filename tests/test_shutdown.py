@@ -119,3 +119,24 @@ def test_at_exit_the_writer_and_an_open_prefetcher_are_closed(child_env):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "DONE" in done.stdout
     assert "ALIVE AT EXIT: []" in done.stdout, done.stdout
+
+
+def test_fit_with_checkpoints_and_logs_leaves_nothing_running(tmp_path):
+    import optax
+    from flax import nnx
+
+    import phalanx
+
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    data = phalanx.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(16)
+    with phalanx.Strategy(devices=phalanx.Strategy().devices[:1]).scope():
+        model = phalanx.Model(nnx.Linear(3, 1, rngs=nnx.Rngs(0)))
+        model.compile(optax.sgd(0.1), loss="mse")
+    callbacks = [
+        phalanx.callbacks.ModelCheckpoint(tmp_path / "ckpt"),
+        phalanx.callbacks.TensorBoard(str(tmp_path / "logs")),
+    ]
+    model.fit(data, epochs=2, verbose=0, callbacks=callbacks)
+    # At once, not after the writer's linger: the fit closed what it started.
+    assert shutdown.tracked() == []
+    assert [t.name for t in threading.enumerate() if t.name.startswith("phalanx")] == []

@@ -314,10 +314,11 @@ class TrainCheckpointer:
             self._files.delete_leftovers()
 
     def close(self) -> None:
-        """Waits for the save in progress, then releases Orbax's threads, if it had any, and
-        the folder's lock."""
+        """Waits for the save in progress, then releases the writer's thread, Orbax's threads,
+        if it had any, and the folder's lock."""
         try:
             self.wait_until_finished()
+            WRITER.close()  # no thread lingers past the fit that saved
         finally:
             try:
                 if self._manager is not None:

@@ -66,6 +66,7 @@ class _Writer:
                     self._lock.wait(self.LINGER)
                 if not self._tasks:
                     self._thread = None
+                    shutdown.forget(self)
                     return
                 task, future = self._tasks.pop(0)
             try:
