@@ -83,3 +83,18 @@ def test_a_damaged_checkpoint_names_its_file(tmp_path):
         phalanx.train.load_checkpoint(tmp_path)
     with pytest.raises(KeyError, match=r"'nope' is not in the checkpoint"):
         reader.get_tensor("nope")
+
+
+def test_a_tf1_checkpoint_reads_by_name(tmp_path):
+    graph = tf.Graph()
+    with graph.as_default():
+        kernel = np.arange(6, dtype=np.float32).reshape(2, 3)
+        tf.compat.v1.get_variable("dense/kernel", initializer=kernel)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            prefix = saver.save(session, str(tmp_path / "model"), global_step=5)
+    assert phalanx.train.list_variables(tmp_path) == [("dense/kernel", [2, 3])]
+    assert np.array_equal(phalanx.train.load_checkpoint(prefix).get_tensor("dense/kernel"), kernel)
+    with pytest.raises(CheckpointError, match=r"no object graph.*init_from_checkpoint"):
+        phalanx.Checkpoint(step=0).restore(prefix)
