@@ -10,6 +10,7 @@ collective); process 0 writes.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from collections.abc import Sequence
@@ -96,10 +97,10 @@ def export(
             "use format='tf_saved_model', which keeps the policy"
         )
     inputs = signature.resolve(model, input_signature)
-    fn, weights = function.serving(model)
+    fn, weights, on_devices = function.serving(model)
     batch = inputs.examples(_CHECK_ROWS)
     try:
-        want = jax.tree.leaves(jax.jit(fn)([w.value for w in weights], batch))
+        want = jax.tree.leaves(jax.jit(fn)(on_devices, batch))
     except (TypeError, ValueError) as error:
         raise ValueError(
             f"the model does not take inputs of the exported signature {inputs.specs} "
@@ -142,11 +143,14 @@ def _write(
         from phalanx._src.train.export import saved_model
 
         names = saved_model.write(artifact, fn, weights, inputs, platforms or saved_model.PLATFORMS)
+        gc.collect()  # the written module's variables (a copy of every weight) go first
         return saved_model.run(artifact, inputs, names, batch)
     from phalanx._src.train.export import onnx_export
 
     proto, names = onnx_export.to_onnx(module, fn, weights, inputs)
     onnx_export.save(module, proto, artifact)
+    del proto  # its copy of every weight, before ONNX Runtime loads the file's
+    gc.collect()
     try:
         return onnx_export.run(artifact, inputs, names, batch)
     except Exception as error:  # ONNX Runtime's own errors: a kernel it lacks, mostly

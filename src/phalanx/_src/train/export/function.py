@@ -56,8 +56,10 @@ def _names(model: Any, params: Any, rest: Any) -> list[str]:
     ]
 
 
-def serving(model: Any) -> tuple[Callable[[list[Any], Any], Any], list[Weight]]:
-    """The inference function of `model` (a `phalanx.Model`) and its weights; see above."""
+def serving(model: Any) -> tuple[Callable[[list[Any], Any], Any], list[Weight], list[Any]]:
+    """The inference function of `model` (a `phalanx.Model`), its weights as host arrays,
+    and the same weights as they are on the devices (to run `fn` without a second copy);
+    see above."""
     adapter = model.adapter
     state = model.engine.state
     if state is None:  # not compiled: the module's own values, the global precision policy
@@ -68,13 +70,14 @@ def serving(model: Any) -> tuple[Callable[[list[Any], Any], Any], list[Weight]]:
     leaves, tree = jax.tree.flatten({"params": params, "rest": rest})
     names = _names(model, params, rest)
     trainable = len(jax.tree.leaves(params))
-    weights, constants = [], {}
+    weights, on_devices, constants = [], [], {}
     for index, (leaf, name) in enumerate(zip(leaves, names, strict=True)):
         if _is_key(leaf):
             constants[index] = leaf
         else:
             clean = re.sub(r"[^A-Za-z0-9_./\-]", "_", name)
             weights.append(Weight(clean, _host(leaf), index < trainable))
+            on_devices.append(leaf)
     slots = [i for i in range(len(leaves)) if i not in constants]
 
     def fn(values: list[Any], inputs: Any) -> Any:
@@ -94,4 +97,4 @@ def serving(model: Any) -> tuple[Callable[[list[Any], Any], Any], list[Weight]]:
             outputs,
         )
 
-    return fn, weights
+    return fn, weights, on_devices
