@@ -35,6 +35,8 @@ OPTIMIZERS = {
     "Lion": {"learning_rate": 0.001},
     "Lamb": {"learning_rate": 0.01},
     "Muon": {"learning_rate": 0.01},
+    "ScheduleFreeAdamW": {"learning_rate": 0.01},
+    "LossScaleOptimizer": {},  # around Adam: its own scale and counters, then Adam's slots
 }
 
 
@@ -104,6 +106,8 @@ def optimizer(name: str, schedule: bool = False):
     if schedule:
         rate = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5)
         return keras.optimizers.Adam(learning_rate=rate)
+    if name == "LossScaleOptimizer":
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
     return getattr(keras.optimizers, name)(**OPTIMIZERS[name])
 
 

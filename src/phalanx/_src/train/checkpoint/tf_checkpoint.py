@@ -225,7 +225,7 @@ class Checkpoint:
     def _restore_tf(self, prefix: str) -> RestoreStatus:
         """Restores a checkpoint TensorFlow wrote; see `tf_format.restore`."""
         roots = {name: keras_root(name, e.obj, e.kind) for name, e in self._entries.items()}
-        must = {name: expected(name, root) for name, root in roots.items()}
+        must = {name: expected(root) for name, root in roots.items()}
         roots["save_counter"] = Slot("save_counter", np.int64(self.save_counter))
         status, values = restore_entries(prefix, roots, must)
         for name, value in values.items():

@@ -18,7 +18,6 @@ import numpy as np
 from phalanx._src.train.export.onnx_graph import Graph, UnsupportedError
 from phalanx._src.train.export.onnx_shapes import SHAPE_RULES
 
-INT64_MAX = np.iinfo(np.int64).max
 Rule = Callable[[Graph, Any, list[str]], Any]
 RULES: dict[str, Rule] = {}
 
@@ -33,13 +32,6 @@ def _out(eqn: Any) -> Any:
 
 def _type(graph: Graph, dtype: Any) -> int:
     return graph.onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # an undecidable comparison of symbolic sizes
-        return False
 
 
 def _axes(graph: Graph, axes: Any) -> str:

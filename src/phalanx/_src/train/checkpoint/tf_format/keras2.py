@@ -84,7 +84,7 @@ def load_weights(model: Any, prefix: str) -> None:
                 f"(no {_LAYER}N) nor a tf.train.Checkpoint with a model entry; its entries: "
                 f"{sorted(root)}. Restore it with phalanx.Checkpoint(name=object).restore"
             )
-        status, _ = restore_entries(reader.prefix, {"model": model}, {"model": expected("", model)})
+        status, _ = restore_entries(reader.prefix, {"model": model}, {"model": expected(model)})
         status.expect_partial()  # weights only, as load_weights: the optimizer stays
         return
     layers = [layer for layer in model.layers if layer.weights]

@@ -105,7 +105,7 @@ def plan(reader: CheckpointReader, walked: Walk, nodes: list[Node]) -> tuple[lis
     return assignments, unused
 
 
-def expected(name: str, obj: Any) -> list[Any]:
+def expected(obj: Any) -> list[Any]:
     """The variables of entry `obj` that a restore must give a value."""
     if isinstance(obj, Slot):
         return [obj]
