@@ -17,7 +17,9 @@ PACKAGE = SRC / "phalanx"
 MAX_LINES = 450
 
 # train/'s rooms, highest first: a module may import its own room and the rooms below it.
-TRAIN_ROOMS = ("model", "summary", "loops", "checkpoint", "feeding", "engine", "adapters", "api")
+TRAIN_ROOMS = (
+    "model", "summary", "loops", "checkpoint", "feeding", "engine", "export", "adapters", "api"
+)  # fmt: skip
 
 # data/'s layers, highest first. The Dataset builder (`dataset`) imports its mixins, which
 # import the plan's nodes, which import the base checks and options; never the other way

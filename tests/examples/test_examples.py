@@ -81,3 +81,17 @@ def test_image_folder_example(child_env, tmp_path):
     ]
     assert len(losses) == 2 and losses[1] < losses[0]
     assert "Training finished." in out
+
+
+def test_from_tensorflow_example(child_env, tmp_path):
+    # A TF run (a child with KERAS_BACKEND=tensorflow) restored, continued, exported.
+    pytest.importorskip("tensorflow", reason="the example's first part is a TensorFlow job")
+    pytest.importorskip("onnxruntime", reason="the `export` extra checks the ONNX file")
+    out = _run(
+        child_env, "from_tensorflow.py", ["--out", str(tmp_path), "--epochs", "2"], 1, tmp_path
+    )
+    assert "phalanx: restored" in out and "ckpt-3 at step 30" in out
+    restored, continued = (float(a) for a in out.split("test accuracy: ")[1].split()[::2][:2])
+    assert continued > restored
+    assert (tmp_path / "served" / "digits" / "saved_model.pb").exists()
+    assert (tmp_path / "served" / "digits.onnx").exists()

@@ -23,6 +23,7 @@ from phalanx._src.train.api.optimizer_view import OptimizerView
 from phalanx._src.train.engine.accumulation import accumulate_gradients
 from phalanx._src.train.engine.engine import Engine
 from phalanx._src.train.engine.step import Steps
+from phalanx._src.train.export.api import Exportable
 
 
 def _check_steps(value: Any, name: str) -> int:
@@ -31,7 +32,7 @@ def _check_steps(value: Any, name: str) -> int:
     return value
 
 
-class Model:
+class Model(Exportable):
     """A model with Keras's training API, data-parallel over a strategy.
 
     The model is a Flax NNX module (BatchNorm, Dropout and any other stateful layer
@@ -106,7 +107,6 @@ class Model:
     def train_step_count(self, value: int) -> None:
         self.engine.train_step_count = value
 
-    # ---- compile --------------------------------------------------------------------------
     def compile(
         self,
         optimizer: str | optax.GradientTransformation = "rmsprop",

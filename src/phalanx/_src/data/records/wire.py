@@ -1,4 +1,5 @@
-"""The protobuf wire format of tf.train.Example, decoded and encoded by hand.
+"""The protobuf wire format of tf.train.Example, decoded and encoded by hand (`fields` and
+`varint` also decode TF's checkpoint files: `train.checkpoint.tf_format`).
 
     Example  { Features features = 1; }
     Features { map<string, Feature> feature = 1; }   entries: { string key = 1; Feature value = 2; }
@@ -39,6 +40,12 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift >= 70:
             raise WireError("a varint is longer than 10 bytes")
+
+
+def varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The bare varint at `pos` and the position after it (formats built on protobuf's
+    encoding store some outside any message: TF's checkpoint tables, string tensors)."""
+    return _varint(buf, pos)
 
 
 def fields(buf: bytes, start: int = 0, end: int | None = None) -> list[tuple[int, int, Any]]:

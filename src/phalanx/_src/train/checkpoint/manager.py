@@ -7,7 +7,10 @@ writes the files `<directory>/<checkpoint_name>-<number>.*`).
 
 Deletion touches only checkpoints a `CheckpointManager` wrote under this directory and
 name: their record says so. A manager made later on the same folder (a resumed run) takes
-them over, as TF's does from its state file. Checkpoints saved by `Checkpoint.save`, fit's
+them over, as TF's does from its state file. A folder where TensorFlow's manager saved
+(`ckpt-3.index`... and its `checkpoint` file) resumes from TF's newest until this manager
+saves: `checkpoint.restore(manager.latest_checkpoint)` continues a TF run; TF's files are
+never deleted. Checkpoints saved by `Checkpoint.save`, fit's
 checkpoints and every other file in the folder are never deleted.
 
 Example:
@@ -29,6 +32,7 @@ from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
 from phalanx._src.train.checkpoint.files import Files
 from phalanx._src.train.checkpoint.record import CheckpointError
 from phalanx._src.train.checkpoint.tf_checkpoint import Checkpoint, barrier, checkpoints_in
+from phalanx._src.train.checkpoint.tf_format.state_file import tf_latest
 
 MANAGER = "CheckpointManager"  # the record's `by` for checkpoints a manager wrote
 # tf.train.CheckpointManager's other arguments, and what to do instead.
@@ -140,8 +144,10 @@ class CheckpointManager:
 
     @property
     def latest_checkpoint(self) -> str | None:
-        """The path of the newest kept checkpoint, or None."""
-        return self._kept[-1][2] if self._kept else None
+        """The path of the newest kept checkpoint; before this manager kept any, the newest
+        one TensorFlow's `CheckpointManager` recorded in the directory (its `checkpoint`
+        state file), so a run trained in TF resumes here; else None."""
+        return self._kept[-1][2] if self._kept else tf_latest(self._directory)
 
     def save(self, checkpoint_number: int | None = None) -> str:
         """Saves the checkpoint's objects, then deletes the oldest managed checkpoints beyond

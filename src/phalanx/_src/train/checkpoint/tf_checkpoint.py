@@ -19,7 +19,12 @@ Where the files go differs from TF: `save("dir/ckpt")` writes the folder `dir/ck
 next save `dir/ckpt/2`) and returns that path; TF writes the files `dir/ckpt-1.index` and
 `dir/ckpt-1.data-...`. `latest_checkpoint("dir")` finds the newest checkpoint saved by a
 `phalanx.Checkpoint` (or a `CheckpointManager`) in `dir` or one folder below, by the time it
-was written; TF reads its `checkpoint` state file instead.
+was written, and the one TF's `checkpoint` state file names.
+
+Checkpoints TensorFlow wrote (`tf.train.Checkpoint.save` / `write`, a
+`tf.train.CheckpointManager`) restore too, without TensorFlow: `restore("dir/ckpt-3")`
+matches their object graph onto Keras 3 objects as TF does (`tf_format.restore`), and a
+run trained in TF continues here.
 
 Example:
   >>> checkpoint = phalanx.Checkpoint(model=model, optimizer=optimizer, step=0)
@@ -40,6 +45,14 @@ from phalanx._src.strategy.strategy import get_strategy
 from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
 from phalanx._src.train.checkpoint.files import ORBAX_STEP, RECORD, Files
 from phalanx._src.train.checkpoint.record import CheckpointError
+from phalanx._src.train.checkpoint.status import RestoreStatus
+from phalanx._src.train.checkpoint.tf_format.restore import (
+    Slot,
+    expected,
+    keras_root,
+    restore_entries,
+)
+from phalanx._src.train.checkpoint.tf_format.state_file import is_tf_checkpoint, tf_latest
 from phalanx._src.train.checkpoint.tracked import Tracked, track
 
 KIND = "phalanx.Checkpoint"  # the record's mark: a checkpoint of this class, not of fit
@@ -50,39 +63,6 @@ class _Holder:
 
     def __init__(self, state: Any) -> None:
         self.state = state
-
-
-class RestoreStatus:
-    """What `Checkpoint.restore` returns, with the assertion names of TF's status object.
-
-    A restore is all or nothing: every entry of the checkpoint matched an object of the
-    checkpoint, with the same shapes and dtypes, or `restore` raised and changed nothing.
-    So the assertions only fail when nothing was restored (`restore(None)`, as TF's
-    initialise-from-scratch status does).
-
-    Example:
-      >>> checkpoint.restore(manager.latest_checkpoint).assert_consumed()
-    """
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-
-    def assert_consumed(self) -> RestoreStatus:
-        """Raises AssertionError when nothing was restored; else returns self."""
-        if self.path is None:
-            raise AssertionError(
-                "nothing was restored: restore(None) was called (no checkpoint saved yet, "
-                "e.g. latest_checkpoint found none), so every object keeps its initial values"
-            )
-        return self
-
-    def assert_existing_objects_matched(self) -> RestoreStatus:
-        """As `assert_consumed` (every object matched, or restore raised)."""
-        return self.assert_consumed()
-
-    def expect_partial(self) -> RestoreStatus:
-        """Returns self: phalanx never restores part of a checkpoint silently."""
-        return self
 
 
 class Checkpoint:
@@ -196,9 +176,15 @@ class Checkpoint:
         receiving objects are placed now, whatever the replica or process count at save
         time. `save_counter` is restored too. All processes must call it.
 
+        A checkpoint TensorFlow wrote (a prefix such as `dir/ckpt-3`) is matched by its
+        object graph onto Keras 3 objects and values, as TF matches it: every variable of
+        the objects must get a value of its shape, and values for objects not given are
+        left unused (`assert_consumed()` names them, `expect_partial()` accepts them).
+
         Args:
           save_path: a path `save`, `CheckpointManager.save` or `latest_checkpoint`
-            returned; None (no checkpoint yet) restores nothing, as in TF.
+            returned, or a TF checkpoint's prefix; None (no checkpoint yet) restores
+            nothing, as in TF.
 
         Returns:
           A `RestoreStatus`.
@@ -206,10 +192,15 @@ class Checkpoint:
         Raises:
           FileNotFoundError: when there is no checkpoint at `save_path`.
           CheckpointError: naming the entry and the array, when the checkpoint does not fit
-            these objects, or naming the file when it is damaged.
+            these objects (for a TF checkpoint: naming the key and the variable), or naming
+            the file when it is damaged.
+          TypeError: a TF checkpoint into an NNX entry (map it by name with
+            `phalanx.train.init_from_checkpoint`).
         """
         if save_path is None:
             return RestoreStatus(None)
+        if is_tf_checkpoint(save_path):
+            return self._restore_tf(os.fspath(save_path))
         folder, number = _split(save_path)
         checkpointer = TrainCheckpointer(folder)
         try:
@@ -230,6 +221,22 @@ class Checkpoint:
             entry.assign(jax.tree.map(_placed_as, holder.state[name], where_now[name]))
         self.save_counter = int(record["save_counter"])
         return RestoreStatus(os.path.join(folder, str(number)))
+
+    def _restore_tf(self, prefix: str) -> RestoreStatus:
+        """Restores a checkpoint TensorFlow wrote; see `tf_format.restore`."""
+        roots = {name: keras_root(name, e.obj, e.kind) for name, e in self._entries.items()}
+        must = {name: expected(root) for name, root in roots.items()}
+        roots["save_counter"] = Slot("save_counter", np.int64(self.save_counter))
+        status, values = restore_entries(prefix, roots, must)
+        for name, value in values.items():
+            if name == "save_counter":
+                self.save_counter = int(value)
+            else:
+                self._entries[name].assign(_placed_as(value, self._entries[name].obj))
+        for entry in self._entries.values():
+            if entry.kind == "phalanx.Model":  # its Keras model took the values: to the state
+                entry.obj.set_weights(entry.obj.adapter.model.get_weights())
+        return status
 
     def _check_fits(self, meta: dict[str, Any], state: dict[str, Any], where: str) -> None:
         """Raises CheckpointError naming the entry and array where the checkpoint and these
@@ -321,8 +328,10 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def _placed_as(restored: jax.Array, before: Any) -> Any:
+def _placed_as(restored: Any, before: Any) -> Any:
     """`restored` where the leaf it replaces lived (packing moved it beside the others)."""
+    if isinstance(before, jax.Array) and not isinstance(restored, jax.Array):
+        return jax.device_put(restored, before.sharding)
     if isinstance(before, jax.Array) and restored.sharding != before.sharding:
         return jax.device_put(restored, before.sharding)
     return restored
@@ -375,11 +384,14 @@ def checkpoints_in(folder: str | os.PathLike) -> list[tuple[int, int, str]]:
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
-    """The newest checkpoint saved by a `phalanx.Checkpoint` in `checkpoint_dir`, or None.
+    """The newest checkpoint in `checkpoint_dir`, phalanx's or TensorFlow's, or None.
 
-    Looks at the numbered checkpoints in `checkpoint_dir` and in each folder directly in it
-    (a `save` prefix such as `checkpoint_dir/ckpt`), as `tf.train.latest_checkpoint` finds
-    the newest of `checkpoint.save(os.path.join(checkpoint_dir, "ckpt"))`.
+    Looks at the numbered checkpoints a `phalanx.Checkpoint` saved in `checkpoint_dir` and
+    in each folder directly in it (a `save` prefix such as `checkpoint_dir/ckpt`), as
+    `tf.train.latest_checkpoint` finds the newest of
+    `checkpoint.save(os.path.join(checkpoint_dir, "ckpt"))`, and at the checkpoint TF's
+    `checkpoint` state file names (TF's `save` and `CheckpointManager` write it). The newest
+    by the time written wins: a TF run continued in phalanx resumes from phalanx's.
 
     Args:
       checkpoint_dir: the folder given to `CheckpointManager`, or holding `save` prefixes.
@@ -398,4 +410,7 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         if entry.is_dir() and not entry.name.isdigit():
             found.extend(checkpoints_in(entry.path))
+    tf = tf_latest(folder)
+    if tf is not None:  # TF's newest, by its state file, against phalanx's by time
+        found.append((os.stat(tf + ".index").st_mtime_ns, -1, tf))
     return max(found)[2] if found else None

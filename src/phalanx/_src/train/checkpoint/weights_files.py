@@ -14,6 +14,10 @@ phalanx's checkpoints for Flax NNX modules.
   reads the newest one's weights (parameters and other variables) and leaves the
   optimizer's state as it is, as Keras's `load_weights` does. A Keras file name is
   refused with an error saying so.
+- **TF-format weights** (a prefix with a `.index` file): Keras 2's `save_weights`
+  (`layer_with_weights-N` onto the Keras 3 model's layers with weights, in order), or a
+  `tf.train.Checkpoint(model=...)`'s model; see `tf_format.keras2`. An NNX module maps
+  such names itself (`phalanx.train.init_from_checkpoint`).
 
 Multi-host: every process calls these; a Keras file is written by process 0 only.
 """
@@ -27,6 +31,8 @@ import jax
 
 from phalanx._src.train.api.keras_bridge import is_keras_object
 from phalanx._src.train.checkpoint.checkpointer import TrainCheckpointer
+from phalanx._src.train.checkpoint.tf_format import keras2
+from phalanx._src.train.checkpoint.tf_format.state_file import is_tf_checkpoint
 
 WEIGHTS_SUFFIX = ".weights.h5"
 MODEL_SUFFIXES = (".keras", ".h5")
@@ -132,16 +138,28 @@ def load_weights(model: Any, filepath: str | os.PathLike) -> None:
     """See the module docstring; `model` is a `phalanx.Model`."""
     path = os.fspath(filepath)
     if _is_keras(model):
-        if not is_keras_filename(path):
+        tf_format = is_tf_checkpoint(path)
+        if not is_keras_filename(path) and not tf_format:
             raise ValueError(
                 f"model.load_weights({path!r}): a Keras model loads Keras's files "
-                f"('{WEIGHTS_SUFFIX}', '.keras', '.h5'); a phalanx checkpoint directory "
-                "loads with model.load_checkpoint(directory)"
+                f"('{WEIGHTS_SUFFIX}', '.keras', '.h5') and TF-format weights (a prefix "
+                f"with a '.index' file, none at {path}.index); a phalanx checkpoint "
+                "directory loads with model.load_checkpoint(directory)"
             )
         net = model.module  # the current values first: load_weights may set only some
-        net.load_weights(path)
+        if tf_format:
+            keras2.load_weights(net, path)
+        else:
+            net.load_weights(path)
         model.set_weights(net.get_weights())
         return
+    if is_tf_checkpoint(path):
+        raise ValueError(
+            f"model.load_weights({path!r}) is a TF checkpoint, whose names are Keras's, and "
+            "this model is a Flax NNX module: map the names onto its variables with "
+            "phalanx.train.init_from_checkpoint(prefix, {checkpoint_name: variable}) (see "
+            "phalanx.train.list_variables(prefix) for the names)"
+        )
     _refuse_keras_name(path, "load_weights")
     if not model.compiled:
         raise RuntimeError(

@@ -15,6 +15,7 @@ import numpy as np
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.api.callbacks.callback_list import CallbackList
 from phalanx._src.train.engine import execution
+from phalanx._src.train.engine.step import unpack
 from phalanx._src.train.engine.transfers import Transfers
 from phalanx._src.train.feeding import sources
 from phalanx._src.train.feeding.batches import Groups
@@ -63,6 +64,8 @@ def predict(
 
     def put(group: list[Any]) -> tuple[list[tuple[Any, Any, Any, list[int]]], int]:
         """A group's calls `(fn, device batch, mask, real rows)` and its batch count."""
+        if engine.input_spec is None:  # the inputs' shapes, for model.export and summary
+            engine.input_spec = jax.tree.map(_spec, unpack(group[0])[0])
         if mode[0] is None:
             batch, mask = arrays(group[0])
             mode[0] = execution.predict_mode(engine, None if source is None else source.spec, batch)
@@ -109,6 +112,10 @@ def predict(
     if not parts:
         raise ValueError("predict got no batch: the data is empty")
     return jax.tree.map(lambda *p: np.concatenate(p), *parts)
+
+
+def _spec(array: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(array.shape, array.dtype)
 
 
 def _one_each(put: Callable[[list[Any]], Any]) -> Callable:

@@ -11,6 +11,11 @@ variables (iteration count, moments...), in Keras's order.
 The user's optimizer object is left untouched: a copy (`from_config`) is built on
 placeholder variables shaped like the parameters. Because those placeholders do not carry
 the model's variable names, `exclude_from_weight_decay(var_names=...)` does not apply.
+
+An optimizer already built on variables of the parameters' shapes (restored from a
+checkpoint, or trained before) starts from its current state: its slots, `iterations`
+(which drives a learning-rate schedule) and learning rate, as Keras's `compile` keeps a
+built optimizer's variables. A run restored from TensorFlow's checkpoint then continues.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def from_keras(optimizer: Any) -> optax.GradientTransformation:
 
     def init(params: Any) -> optax.InjectHyperparamsState:
         copy = keras_copy(params)
-        values = [jnp.asarray(v.value) for v in copy.variables]
+        values = [jnp.asarray(v.value) for v in _current(optimizer, copy)]
         index = _learning_rate_index(copy)
         hyper = {} if index is None else {"learning_rate": values.pop(index)}
         return optax.InjectHyperparamsState(
@@ -113,3 +118,13 @@ def from_keras(optimizer: Any) -> optax.GradientTransformation:
         return jax.tree.unflatten(treedef, updates), new_state
 
     return optax.GradientTransformation(init, update)
+
+
+def _current(optimizer: Any, copy: Any) -> list[Any]:
+    """The variables to start from: the user's optimizer's, when it is built on variables
+    of the copy's shapes and dtypes (so its state is this model's), else the fresh copy's."""
+    if not optimizer.built:
+        return list(copy.variables)
+    mine = [(tuple(v.shape), str(v.dtype)) for v in optimizer.variables]
+    fresh = [(tuple(v.shape), str(v.dtype)) for v in copy.variables]
+    return list(optimizer.variables) if mine == fresh else list(copy.variables)
