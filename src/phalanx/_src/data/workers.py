@@ -6,9 +6,12 @@ cloudpickle, when the workers start) on the steps the parent hands them, round r
 
 How results come back: the parent owns a few shared-memory slots per worker (created,
 grown and unlinked by the parent, so its resource tracker cleans them up even if it is
-killed). A worker writes an element's arrays into the slot it was told to use and sends
-only their layout (dtype, shape, offset, and the element's structure) through a pipe; the
-parent copies the arrays out and reuses the slot. No array is pickled.
+killed). A worker writes an element's numeric arrays into the slot it was told to use and
+sends only their layout (dtype, shape, offset, whether it was a NumPy scalar, and the
+element's structure) through a pipe; the parent copies the arrays out and reuses the slot.
+No numeric array is pickled. Strings, bytes and object arrays (which shared memory cannot
+carry: they hold pointers) travel pickled in the layout itself. So an element comes back
+as the worker's pipeline made it: the same values, shapes, dtypes and types.
 
 Lifetime: workers start from a fork server (one clean, single-threaded process per parent
 that has already imported NumPy and phalanx, so a worker starts in milliseconds without
@@ -49,11 +52,23 @@ _context: Any = None
 
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
-    """Where one array of an element lies in a slot."""
+    """Where one numeric array of an element lies in a slot (`scalar`: a NumPy scalar)."""
 
     dtype: str
     shape: tuple[int, ...]
     offset: int
+    scalar: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inline:
+    """A leaf shared memory cannot carry (strings, bytes, objects), sent pickled."""
+
+    value: Any
+
+
+def _numeric(leaf: Any) -> bool:
+    return isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "biufcmM"
 
 
 class RemoteTraceback(Exception):
@@ -98,12 +113,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _layout(leaves: list[np.ndarray]) -> tuple[list[int], int]:
+def _layout(leaves: list[Any]) -> tuple[list[int], int]:
+    """Each numeric leaf's offset in a slot (-1: sent inline), and the bytes they need."""
     offsets, end = [], 0
     for leaf in leaves:
+        if not _numeric(leaf):
+            offsets.append(-1)
+            continue
         offsets.append(end)
         end += -(-leaf.nbytes // _ALIGN) * _ALIGN
     return offsets, max(end, 1)
+
+
+def _skeleton(treedef: Any, leaves: list[Any], offsets: list[int]) -> bytes:
+    """The element's structure with each leaf's place in the slot, or the leaf itself."""
+    parts = [
+        _Inline(leaf)
+        if offset < 0
+        else _Leaf(leaf.dtype.str, leaf.shape, offset, isinstance(leaf, np.generic))
+        for leaf, offset in zip(leaves, offsets, strict=True)
+    ]
+    try:
+        return cloudpickle.dumps(treedef.unflatten(parts))
+    except Exception as error:
+        raise TypeError(
+            f"a map in worker processes returned a leaf that cannot be pickled back ({error}); "
+            "return NumPy arrays, strings or bytes, or use workers='thread'"
+        ) from error
 
 
 def _serve(conn: Any, parent: int, payload: bytes) -> None:
@@ -127,16 +163,9 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
             key, step, slot, name, size = message
             try:
                 if pending is None or pending[0] != (key, step):
+                    # Leaves as the pipeline made them: a NumPy scalar or a 0-d array stays
+                    # one (np.ascontiguousarray would make it 1-d).
                     leaves, treedef = jax.tree.flatten(plan.element(root, key, step))
-                    leaves = [np.ascontiguousarray(leaf) for leaf in leaves]
-                    if any(leaf.dtype.kind in "OSU" for leaf in leaves):
-                        # Shared memory would carry this process's pointers (a crash), and
-                        # NumPy's fixed-width strings drop trailing NUL bytes.
-                        raise TypeError(
-                            "a map in worker processes returned strings or Python objects "
-                            "(an object array), which shared memory cannot carry; turn them "
-                            "into numbers inside the map, or use workers='thread'"
-                        )
                     pending = ((key, step), leaves, treedef)
                 _, leaves, treedef = pending
                 offsets, need = _layout(leaves)
@@ -149,17 +178,13 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
                         shm.close()
                     shm = slots[slot] = shared_memory.SharedMemory(name=name)
                 for leaf, offset in zip(leaves, offsets, strict=True):
+                    if offset < 0:
+                        continue
                     target = np.ndarray(leaf.shape, leaf.dtype, buffer=shm.buf, offset=offset)
                     target[...] = leaf
                     del target  # release the export of shm.buf
-                skeleton = treedef.unflatten(
-                    [
-                        _Leaf(leaf.dtype.str, leaf.shape, offset)
-                        for leaf, offset in zip(leaves, offsets, strict=True)
-                    ]
-                )
                 pending = None
-                conn.send(("ok", step, cloudpickle.dumps(skeleton)))
+                conn.send(("ok", step, _skeleton(treedef, leaves, offsets)))
             except Exception as error:  # sent to the parent, raised there in order
                 pending = None
                 try:
@@ -318,11 +343,13 @@ class Processes:
         buf = self._slots[w][slot].buf
         skeleton = cloudpickle.loads(blob)
 
-        def read(leaf: _Leaf) -> np.ndarray:
+        def read(leaf: _Leaf | _Inline) -> Any:
+            if isinstance(leaf, _Inline):
+                return leaf.value
             view = np.ndarray(leaf.shape, np.dtype(leaf.dtype), buffer=buf, offset=leaf.offset)
-            return view.copy()
+            return view[()] if leaf.scalar else view.copy()
 
-        return jax.tree.map(read, skeleton, is_leaf=lambda x: isinstance(x, _Leaf))
+        return jax.tree.map(read, skeleton, is_leaf=lambda x: isinstance(x, _Leaf | _Inline))
 
     def _receive(self) -> None:
         ready = multiprocessing.connection.wait(
