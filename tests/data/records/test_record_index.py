@@ -3,6 +3,7 @@ index of their records, so the shuffle is an exact global one and resumes by ind
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 from record_files_helpers import write_shards
 
-from phalanx._src.data.records import indexed, record_index
-from phalanx.data import DataLossError, TFRecordDataset
+from phalanx._src.data.records import index_cache, indexed, record_index
+from phalanx.data import DataLossError, TFRecordDataset, TFRecordWriter
 
 
 def test_shuffle_is_a_global_permutation_per_epoch(tmp_path):
@@ -89,3 +90,78 @@ def test_the_node_pickles_for_worker_processes(tmp_path):
     assert node.length == 6
     copy = pickle.loads(pickle.dumps(node))
     assert copy.get((0,), np.array([5, 0])).tolist() == [contents[1][2], contents[0][0]]
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read()/pread() system calls, all threads."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def _big_shards(folder: Path, files: int, records: int, size: int) -> list[str]:
+    paths = []
+    for shard in range(files):
+        paths.append(str(folder / f"big-{shard:05d}"))
+        with TFRecordWriter(paths[-1]) as writer:
+            for i in range(records):
+                writer.write(bytes([shard, i % 256]) * (size // 2))
+    return paths
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts reads in /proc/self/io")
+def test_a_shuffle_reads_the_headers_not_the_data_before_its_first_element(tmp_path):
+    # The issue's pipeline: 16 files of 40 records of ~100 KB, shuffled.
+    paths = _big_shards(tmp_path, 16, 40, 100_000)
+    payload = 16 * 40 * 100_000
+    next(iter(TFRecordDataset(paths[:1]).shuffle(40, seed=0)))  # imports, lazily made parts
+    for run in ("the scan", "the cached index"):
+        before = _bytes_read()
+        ds = TFRecordDataset(paths).shuffle(640, seed=0)
+        first = next(iter(ds))
+        read = _bytes_read() - before
+        assert len(first) == 100_000
+        assert read <= 0.10 * payload, f"{run}: read {read} of {payload} payload bytes"
+    before = _bytes_read()
+    assert len(list(ds)) == 640
+    assert _bytes_read() - before >= payload  # the count sees the data when it is read
+
+
+def test_the_index_is_cached_and_a_stale_or_damaged_entry_never_serves_wrong_offsets(
+    tmp_path, monkeypatch
+):
+    paths, contents = write_shards(tmp_path, 2, 6)
+    every = sorted(r for c in contents for r in c)
+    scans = []
+    real_scan = record_index.scan_file
+    monkeypatch.setattr(record_index, "scan_file", lambda p: scans.append(p) or real_scan(p))
+    assert sorted(TFRecordDataset(paths).shuffle(12, seed=0)) == every
+    assert sorted(scans) == paths
+    assert sorted(TFRecordDataset(paths).shuffle(12, seed=0)) == every  # a new pipeline
+    assert sorted(scans) == paths  # read from the cache
+    # A damaged entry is ignored: the file is scanned again.
+    entry = index_cache.key(paths[0]).entry
+    blob = bytearray(entry.read_bytes())
+    blob[-12] ^= 1  # an offset
+    entry.write_bytes(bytes(blob))
+    assert sorted(TFRecordDataset(paths).shuffle(12, seed=0)) == every
+    assert sorted(scans) == sorted([*paths, paths[0]])
+    # A file rewritten with other record lengths, but its size and mtime put back: the
+    # entry's key matches, its offsets are stale, and reading says so.
+    stat = Path(paths[1]).stat()
+    records = contents[1]
+    with TFRecordWriter(paths[1]) as writer:
+        writer.write(records[0] + records[1][:3])
+        writer.write(records[1][3:])
+        for r in records[2:]:
+            writer.write(r)
+    assert Path(paths[1]).stat().st_size == stat.st_size
+    os.utime(paths[1], ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(DataLossError, match="does not match the index"):
+        list(TFRecordDataset(paths).shuffle(12, seed=0))
+
+
+def test_no_cache_folder_means_a_scan_each_time(tmp_path, monkeypatch):
+    paths, contents = write_shards(tmp_path, 1, 5)
+    monkeypatch.setenv(index_cache.ENV, "0")
+    assert index_cache.key(paths[0]) is None
+    assert sorted(TFRecordDataset(paths).shuffle(5, seed=0)) == sorted(contents[0])

@@ -204,6 +204,8 @@ class DatasetIterator:
                 f"expected a state from DatasetIterator.get_state() with keys "
                 f"{sorted(keys)}, got {state!r}."
             )
+        if self._order:  # checked first: an error leaves the dataset as it was
+            ordered = plan.with_order_states(self._dataset._node, state[_ORDER_KEY])
         epoch, step = int(state["epoch"]), int(state["step"])
         length = self._node.length
         if epoch < 0 or step < 0 or (length is not None and step > length):
@@ -211,8 +213,8 @@ class DatasetIterator:
                 f"state {state!r} is out of range for a dataset of {length} elements per "
                 "epoch; restore a state saved from the same pipeline."
             )
-        if self._order:  # checked first: an error leaves the dataset as it was
-            self._dataset._node = plan.with_order_states(self._dataset._node, state[_ORDER_KEY])
+        if self._order:
+            self._dataset._node = ordered
         self._dataset._reseed([int(s) for s in state["seeds"]])
         self._dataset._continue_after(epoch)
         self.close()

@@ -17,6 +17,7 @@ Files are kept open in an LRU (`open_files`), at most `max_open` at once in each
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import struct
 import threading
@@ -32,6 +33,13 @@ from phalanx._src.data.records.tfrecord_io import masked_crc
 
 _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
+
+
+def _open(files: tuple[str, ...], file: int) -> int:
+    try:
+        return os.open(files[file], os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"record file {files[file]!r} does not exist") from None
 
 
 def interleave_order(counts: Any, cycle: int) -> np.ndarray:
@@ -124,13 +132,8 @@ class IndexedRecords(Node):
     def __post_init__(self) -> None:
         if self.index is None:
             self.index = _Index(self.files)
-        self._fds = OpenFiles(self.max_open, self._open, os.close)
-
-    def _open(self, file: int) -> int:
-        try:
-            return os.open(self.files[file], os.O_RDONLY)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"record file {self.files[file]!r} does not exist") from None
+        # No bound method inside: a cycle would keep the files open until a GC pass.
+        self._fds = OpenFiles(self.max_open, functools.partial(_open, self.files), os.close)
 
     def __getstate__(self) -> dict:
         # a worker opens its own files

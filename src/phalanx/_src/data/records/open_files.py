@@ -52,16 +52,16 @@ class OpenFiles:
                 self._open.move_to_end(key)
                 entry[1] += 1
                 return entry[0]
+            self._evict(self.limit - 1)  # room first: never limit + 1 open, even briefly
             handle = self._opener(key, *args)
             self._open[key] = [handle, 1]
-            self._evict()
             return handle
 
     def release(self, key: Any) -> None:
         """Ends one use of `key`'s handle (it stays open until evicted)."""
         with self._lock:
             self._open[key][1] -= 1
-            self._evict()
+            self._evict(self.limit)
 
     def discard(self, key: Any) -> None:
         """Closes `key`'s handle now (its file is done)."""
@@ -70,15 +70,16 @@ class OpenFiles:
         if entry is not None:
             self._closer(entry[0])
 
-    def _evict(self) -> None:
-        if len(self._open) <= self.limit:
+    def _evict(self, keep: int) -> None:
+        """Closes unused handles, the least recently used first, until `keep` are open."""
+        if len(self._open) <= keep:
             return
-        for key in list(self._open):  # the least recently used first
+        for key in list(self._open):
             handle, users = self._open[key]
             if users == 0:
                 del self._open[key]
                 self._closer(handle)
-                if len(self._open) <= self.limit:
+                if len(self._open) <= keep:
                     return
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ a fixed number of steps) when every step is a collective.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any
 
@@ -153,7 +154,9 @@ class _RecordCursor:
                 f"all before it; read at most {node.max_open} files at a time, or raise the "
                 f"limit (options.experimental_max_open_files = {cycle})"
             )
-        self._readers = OpenFiles(node.max_open, self._open, _close)
+        # No bound method inside: a cycle would keep the files open until a GC pass.
+        opener = functools.partial(_open, self.files, node.kind, node.buffer_size)
+        self._readers = OpenFiles(node.max_open, opener, RecordReader.close)
         state = state or {}
         self.next_file = int(state.get("next_file", 0))
         self.cycle_index = int(state.get("cycle_index", 0))
@@ -168,10 +171,6 @@ class _RecordCursor:
         for i, slot in enumerate(saved):
             if slot is not None:
                 self._saved[i] = [int(slot[0]), int(slot[1])]
-
-    def _open(self, position: int, offset: int) -> RecordReader:
-        node = self.node
-        return RecordReader(self.files[position], node.kind, node.buffer_size, offset)
 
     def _mine(self) -> bool:
         """Whether the next record is this process's, when sharding by record."""
@@ -223,8 +222,10 @@ class _RecordCursor:
             readers.close()
 
 
-def _close(reader: RecordReader) -> None:
-    reader.close()
+def _open(
+    files: tuple[str, ...], kind: str, buffer_size: int | None, position: int, offset: int
+) -> RecordReader:
+    return RecordReader(files[position], kind, buffer_size, offset)
 
 
 def split_node(
