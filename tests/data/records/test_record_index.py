@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +167,22 @@ def test_no_cache_folder_means_a_scan_each_time(tmp_path, monkeypatch):
     monkeypatch.setenv(index_cache.ENV, "0")
     assert index_cache.key(paths[0]) is None
     assert sorted(TFRecordDataset(paths).shuffle(5, seed=0)) == sorted(contents[0])
+
+
+def test_files_are_scanned_in_threads_where_the_reads_wait(tmp_path, monkeypatch):
+    paths, contents = write_shards(tmp_path, 12, 2)
+    scanned_by = {}
+    real_scan = record_index.scan_file
+
+    def scan(path):
+        time.sleep(0.01)  # a storage's latency: time without CPU
+        scanned_by[path] = threading.current_thread().name
+        return real_scan(path)
+
+    monkeypatch.setattr(record_index, "scan_file", scan)
+    assert sorted(TFRecordDataset(paths).shuffle(24, seed=0)) == sorted(
+        r for c in contents for r in c
+    )
+    assert sorted(scanned_by) == paths
+    threaded = [p for p, name in scanned_by.items() if name.startswith("phalanx-index")]
+    assert 0 < len(threaded) < 12  # the first ones alone, timed; the others in threads

@@ -1,6 +1,6 @@
-"""Iterator states over record files that survive a move: a restore continues with exactly
-the records the saved run would have given, or raises an error naming what differs, whether
-the map runs inline, in threads or in worker processes."""
+"""Iterator states over record files (and interleaves) that survive a move: a restore
+continues with exactly the records the saved run would have given, or raises an error
+naming what differs, whether the map runs inline, in threads or in worker processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from record_files_helpers import write_shards
 
 from phalanx._src.data import executors
-from phalanx.data import AUTOTUNE, TFRecordDataset, TFRecordWriter
+from phalanx.data import AUTOTUNE, Dataset, TFRecordDataset, TFRecordWriter
 
 MODES = {
     "inline": {},
@@ -123,3 +123,20 @@ def test_a_state_saved_before_the_order_was_recorded_is_refused(tmp_path):
     del state["order"]
     with pytest.raises(ValueError, match=r"with keys .*'order'"):
         restored(pipeline(paths, 2, "inline"), state)
+
+
+def shard_of(i):
+    return Dataset.range(int(i) * 10, int(i) * 10 + 3 + int(i) % 2)
+
+
+def test_an_interleave_left_to_autotune_continues_at_the_saved_cycle_length(monkeypatch):
+    def build(cycle):
+        return Dataset.range(6).interleave(shard_of, cycle_length=cycle)
+
+    monkeypatch.setattr(executors, "cpu_count", lambda: 4)
+    reference = list(build(None))
+    head, state = saved_after(build(None), 7)
+    monkeypatch.setattr(executors, "cpu_count", lambda: 2)
+    assert head + restored(build(None), state) == reference
+    with pytest.raises(ValueError, match=r"cycle_length 4 -> 3.*interleave\(f, cycle_length=4"):
+        restored(build(3), state)

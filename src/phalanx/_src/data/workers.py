@@ -7,11 +7,9 @@ cloudpickle, when the workers start) on the steps the parent hands them, round r
 How results come back: the parent owns a few shared-memory slots per worker (created,
 grown and unlinked by the parent, so its resource tracker cleans them up even if it is
 killed). A worker writes an element's numeric arrays into the slot it was told to use and
-sends only their layout (dtype, shape, offset, whether it was a NumPy scalar, and the
-element's structure) through a pipe; the parent copies the arrays out and reuses the slot.
-No numeric array is pickled. Strings, bytes and object arrays (which shared memory cannot
-carry: they hold pointers) travel pickled in the layout itself. So an element comes back
-as the worker's pipeline made it: the same values, shapes, dtypes and types.
+sends only their layout (dtype, shape, offset, and the element's structure) through a pipe;
+the parent copies the arrays out and reuses the slot. Strings, bytes and objects, which
+shared memory cannot carry, travel pickled in the layout: an element comes back as made.
 
 Lifetime: workers start from a fork server (one clean, single-threaded process per parent
 that has already imported NumPy and phalanx, so a worker starts in milliseconds without
@@ -52,19 +50,14 @@ _context: Any = None
 
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
-    """Where one numeric array of an element lies in a slot (`scalar`: a NumPy scalar)."""
+    """Where one numeric array of an element lies in a slot (`scalar`: a NumPy scalar), or
+    (offset -1) a leaf shared memory cannot carry (strings, bytes, objects): `value`."""
 
     dtype: str
     shape: tuple[int, ...]
     offset: int
     scalar: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class _Inline:
-    """A leaf shared memory cannot carry (strings, bytes, objects), sent pickled."""
-
-    value: Any
+    value: Any = None
 
 
 def _numeric(leaf: Any) -> bool:
@@ -128,7 +121,7 @@ def _layout(leaves: list[Any]) -> tuple[list[int], int]:
 def _skeleton(treedef: Any, leaves: list[Any], offsets: list[int]) -> bytes:
     """The element's structure with each leaf's place in the slot, or the leaf itself."""
     parts = [
-        _Inline(leaf)
+        _Leaf("", (), -1, value=leaf)
         if offset < 0
         else _Leaf(leaf.dtype.str, leaf.shape, offset, isinstance(leaf, np.generic))
         for leaf, offset in zip(leaves, offsets, strict=True)
@@ -163,8 +156,7 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
             key, step, slot, name, size = message
             try:
                 if pending is None or pending[0] != (key, step):
-                    # Leaves as the pipeline made them: a NumPy scalar or a 0-d array stays
-                    # one (np.ascontiguousarray would make it 1-d).
+                    # As made: no np.ascontiguousarray, which makes a scalar 1-d.
                     leaves, treedef = jax.tree.flatten(plan.element(root, key, step))
                     pending = ((key, step), leaves, treedef)
                 _, leaves, treedef = pending
@@ -343,13 +335,13 @@ class Processes:
         buf = self._slots[w][slot].buf
         skeleton = cloudpickle.loads(blob)
 
-        def read(leaf: _Leaf | _Inline) -> Any:
-            if isinstance(leaf, _Inline):
+        def read(leaf: _Leaf) -> Any:
+            if leaf.offset < 0:
                 return leaf.value
             view = np.ndarray(leaf.shape, np.dtype(leaf.dtype), buffer=buf, offset=leaf.offset)
             return view[()] if leaf.scalar else view.copy()
 
-        return jax.tree.map(read, skeleton, is_leaf=lambda x: isinstance(x, _Leaf | _Inline))
+        return jax.tree.map(read, skeleton, is_leaf=lambda x: isinstance(x, _Leaf))
 
     def _receive(self) -> None:
         ready = multiprocessing.connection.wait(
