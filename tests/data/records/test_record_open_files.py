@@ -4,6 +4,7 @@ and in each worker process, and still reads every record in order."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -97,3 +98,12 @@ def test_the_limit_is_an_int_of_at_least_one():
     options = Options()
     with pytest.raises(ValueError, match="experimental_max_open_files must be an int >= 1"):
         options.experimental_max_open_files = 0
+
+
+def test_the_refusal_comes_alone_after_a_map(tmp_path):
+    # The map's cursor opens the files' cursor; its failure leaves no other error behind.
+    paths, _ = write_shards(tmp_path, 4, 2, "GZIP")
+    ds = limited(TFRecordDataset(paths, "GZIP", num_parallel_reads=4).map(identity, 2), 2)
+    with pytest.raises(ValueError, match="GZIP-compressed files open"):
+        next(iter(ds))
+    gc.collect()  # an error in the half-made cursor's __del__ would fail the test here
