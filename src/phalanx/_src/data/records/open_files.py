@@ -61,7 +61,8 @@ class OpenFiles:
         """Ends one use of `key`'s handle (it stays open until evicted)."""
         with self._lock:
             self._open[key][1] -= 1
-            self._evict(self.limit)
+            if len(self._open) > self.limit:  # in-use handles held it over the limit
+                self._evict(self.limit)
 
     def discard(self, key: Any) -> None:
         """Closes `key`'s handle now (its file is done)."""

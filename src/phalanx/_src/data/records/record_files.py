@@ -32,7 +32,6 @@ a fixed number of steps) when every step is a collective.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from typing import Any
 
@@ -41,7 +40,7 @@ from phalanx._src.data.options import AutoShardPolicy, Options
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.records import fingerprint
 from phalanx._src.data.records.indexed import IndexedRecords
-from phalanx._src.data.records.open_files import DEFAULT_LIMIT, OpenFiles
+from phalanx._src.data.records.open_files import DEFAULT_LIMIT
 from phalanx._src.data.records.tfrecord_io import RecordReader
 from phalanx._src.data.stream import Stream
 from phalanx._src.data.stream_nested import StreamBatch
@@ -136,8 +135,9 @@ class _RecordCursor:
 
     `state()` runs once per record (a parallel map keeps each element's), so it is cheap:
     each slot's `[file index, byte offset]` is kept ready, as a list that snapshots share,
-    replaced when its file moves on and never changed in place. The readers live in an
-    LRU of `node.max_open` files; one closed there reopens at its slot's offset.
+    replaced when its file moves on and never changed in place. At most `node.max_open`
+    readers are open: opening one more closes the least recently read, which reopens at
+    its slot's offset when its turn comes (only a cycle wider than the limit does that).
     """
 
     def __init__(self, node: RecordFiles, state: dict | None) -> None:
@@ -154,9 +154,8 @@ class _RecordCursor:
                 f"all before it; read at most {node.max_open} files at a time, or raise the "
                 f"limit (options.experimental_max_open_files = {cycle})"
             )
-        # No bound method inside: a cycle would keep the files open until a GC pass.
-        opener = functools.partial(_open, self.files, node.kind, node.buffer_size)
-        self._readers = OpenFiles(node.max_open, opener, RecordReader.close)
+        self._readers: list[RecordReader | None] = [None] * cycle  # open ones, per slot
+        self._read_at = [0] * cycle  # when each slot was last read (`seen`): the LRU order
         state = state or {}
         self.next_file = int(state.get("next_file", 0))
         self.cycle_index = int(state.get("cycle_index", 0))
@@ -192,21 +191,35 @@ class _RecordCursor:
                 self.cycle_index = (index + 1) % self._cycle
                 continue
             position, offset = slot
+            reader = self._readers[index]
+            if reader is None:
+                reader = self._open(index, position, offset)
             mine = self._share is None or self._mine()
-            reader = self._readers.acquire(position, offset)
-            try:
-                record = reader.read() if mine else (b"" if reader.skip() else None)
-            finally:
-                self._readers.release(position)
+            record = reader.read() if mine else (b"" if reader.skip() else None)
             self.cycle_index = (index + 1) % self._cycle
             if record is None:  # this file is done: its slot takes the next file
-                self._readers.discard(position)
-                saved[index] = None
+                reader.close()
+                self._readers[index] = saved[index] = None
                 continue
             self.seen += 1
+            self._read_at[index] = self.seen
             saved[index] = [position, reader.offset]
             if mine:
                 return record
+
+    def _open(self, index: int, position: int, offset: int) -> RecordReader:
+        """Slot `index`'s reader of file `position` at `offset`, the least recently read
+        one closed first if `node.max_open` are open."""
+        readers = self._readers
+        open_slots = [i for i, reader in enumerate(readers) if reader is not None]
+        if len(open_slots) >= self.node.max_open:
+            oldest = min(open_slots, key=self._read_at.__getitem__)
+            readers[oldest].close()  # type: ignore[union-attr]
+            readers[oldest] = None
+        node = self.node
+        reader = RecordReader(self.files[position], node.kind, node.buffer_size, offset)
+        readers[index] = reader
+        return reader
 
     def state(self) -> dict:
         return {
@@ -217,15 +230,9 @@ class _RecordCursor:
         }
 
     def __del__(self) -> None:
-        readers = getattr(self, "_readers", None)
-        if readers is not None:
-            readers.close()
-
-
-def _open(
-    files: tuple[str, ...], kind: str, buffer_size: int | None, position: int, offset: int
-) -> RecordReader:
-    return RecordReader(files[position], kind, buffer_size, offset)
+        for reader in getattr(self, "_readers", ()):
+            if reader is not None:
+                reader.close()
 
 
 def split_node(
