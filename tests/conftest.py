@@ -6,7 +6,9 @@ suite at 8 devices and then the `multidevice` tests again with PHALANX_TEST_DEVI
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,11 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 # never into the user's (~/.cache/phalanx/jax); the processes they start share it.
 COMPILATION_CACHE = Path(tempfile.gettempdir()) / f"phalanx-tests-{os.getuid()}" / "jax"
 os.environ["PHALANX_COMPILATION_CACHE"] = str(COMPILATION_CACHE)
+# Record-file indexes (records/index_cache.py) likewise go to a folder of the run's own,
+# removed at its end, never into the user's cache.
+RECORD_INDEX_CACHE = tempfile.mkdtemp(prefix="phalanx-test-record-index-")
+os.environ["PHALANX_RECORD_INDEX_CACHE"] = RECORD_INDEX_CACHE
+atexit.register(shutil.rmtree, RECORD_INDEX_CACHE, ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

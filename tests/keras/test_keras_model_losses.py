@@ -7,12 +7,15 @@ after it in the differentiated function; one SGD step must give the hand-compute
 on 1 and N replicas. Reads phalanx cannot resolve are errors naming the fix.
 """
 
+import threading
+
 import jax
 import keras
 import numpy as np
 import pytest
 
 import phalanx
+from phalanx._src.strategy import keras_losses
 
 pytestmark = pytest.mark.multidevice
 
@@ -187,3 +190,75 @@ def test_return_losses_true_still_gives_keras_losses():
     got = strategy.run(step, args=(X,))
     want = L2 * np.sum(np.asarray(model.get_weights()[0]) ** 2)
     np.testing.assert_allclose(float(strategy.experimental_local_results(got)[0]), want, rtol=1e-6)
+
+
+def _read_in_a_gradient_without_stateless_call(strategy, model):
+    def step(features):
+        return jax.grad(lambda scale: scale * sum(model.losses))(1.0)
+
+    return strategy.run(step, args=(X,))
+
+
+def test_a_trace_phalanx_does_not_know_fails_closed(monkeypatch):
+    # As if a JAX release renamed its JVP and linearize traces: phalanx can no longer tell
+    # that `jax.grad` differentiates, so a read that needs to know is an error, never the
+    # regularizers' values without their gradient.
+    strategy = phalanx.Strategy(devices=jax.devices()[:1])
+    with strategy.scope():
+        model = _model("kernel")
+    monkeypatch.setattr(keras_losses, "_DIFFERENTIATING", ())
+    with pytest.raises(
+        ValueError, match=r"JAX trace phalanx does not know \(\w*Trace.*return_losses=True"
+    ):
+        _read_in_a_gradient_without_stateless_call(strategy, model)
+    # A read after the step's own stateless_call, in the same function, still carries the
+    # gradient: the losses are that call's, whatever the trace is called.
+    trained, w0, b0 = _train_one_step(strategy, "kernel")
+    kernel = np.asarray(trained.get_weights()[0])
+    np.testing.assert_allclose(kernel, _expected_kernel("kernel", w0, b0), rtol=1e-5, atol=1e-7)
+
+
+def test_an_unknown_enclosing_trace_fails_closed_even_outside_a_gradient(monkeypatch):
+    strategy = phalanx.Strategy(devices=jax.devices()[:1])
+    with strategy.scope():
+        model = _model("kernel")
+    # As if JAX renamed the trace of `jit`, which every step runs in.
+    known = tuple(t for t in keras_losses._NOT_DIFFERENTIATING if t.__name__ != "DynamicJaxprTrace")
+    monkeypatch.setattr(keras_losses, "_NOT_DIFFERENTIATING", known)
+
+    def step(features):
+        del features
+        return sum(model.losses)
+
+    with pytest.raises(ValueError, match=r"does not know \(DynamicJaxprTrace\)"):
+        strategy.run(step, args=(X,))
+
+
+def test_the_patch_holds_while_any_thread_still_steps():
+    # Two threads step the same model; the first to finish must not unpatch it under the
+    # other, whose `model.losses` in a gradient would then silently lose the gradient.
+    with phalanx.Strategy(devices=jax.devices()[:1]).scope():
+        model = _model("kernel")
+    entered, first_left, errors = threading.Barrier(2), threading.Event(), []
+
+    def first():
+        with keras_losses.carried([(model, "model")], "thread one", None):
+            entered.wait()
+        first_left.set()
+
+    def second():
+        with keras_losses.carried([(model, "model")], "thread two", None):
+            entered.wait()
+            first_left.wait()
+            try:
+                jax.grad(lambda scale: scale * sum(model.losses))(1.0)
+            except ValueError as error:
+                errors.append(str(error))
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(errors) == 1 and errors[0].startswith("thread two: the step reads `model.losses`")
+    assert "stateless_call" not in vars(model)  # the last one out removed the patch

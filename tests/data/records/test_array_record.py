@@ -63,6 +63,10 @@ def test_the_iterator_resumes_exactly_by_index(tmp_path):
     resumed = iter(build())
     resumed.set_state(state)
     assert head + [b.tolist() for b in resumed] == epochs[1] != epochs[0]
+    # Over other files the record numbers mean other records: an error naming it.
+    other = iter(ArrayRecordDataset(paths[:2]).shuffle(21, seed=0).map(lambda r: r).batch(4))
+    with pytest.raises(ValueError, match=r"the number of record files \(3 -> 2\)"):
+        other.set_state(state)
 
 
 def test_each_process_reads_only_its_rows(tmp_path, monkeypatch):

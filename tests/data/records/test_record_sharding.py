@@ -65,7 +65,27 @@ def test_by_file_each_process_opens_only_its_files(tmp_path, opened, reads):
     assert not set(shares[0]) & set(shares[1])
     every = [r for c in contents for r in c]
     assert sorted(shares[0] + shares[1]) == sorted(every)
-    assert shares[0] == [r for c in contents[0::2] for r in c] or reads
+    # As tf.data's FILE sharding: the file list is sharded, then read as before.
+    for index, share in enumerate(shares):
+        assert share == interleaved(contents[index::2], reads or 1)
+
+
+def interleaved(files: list[list[bytes]], cycle: int) -> list[bytes]:
+    """tf.data's TFRecordDataset order over `files`, written out: `cycle` open files give
+    one record each in turn; an exhausted file's slot takes the next file when its turn
+    comes back (test_records_vs_tensorflow checks the reader against TF itself)."""
+    pending, slots, out, turn = list(files), [None] * cycle, [], 0
+    while pending or any(slot is not None for slot in slots):
+        if slots[turn] is None and pending:
+            slots[turn] = iter(pending.pop(0))
+        if slots[turn] is not None:
+            record = next(slots[turn], None)
+            if record is None:
+                slots[turn] = None
+            else:
+                out.append(record)
+        turn = (turn + 1) % cycle
+    return out
 
 
 def test_by_record_blocks_make_the_global_batches_of_one_process(tmp_path, opened):

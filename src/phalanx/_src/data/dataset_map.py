@@ -51,7 +51,8 @@ class DatasetMap:
         5 %, so AUTOTUNE is not slower than no parallelism beyond noise (see `autotune`).
 
         Args:
-          fn: a pure function of one element; it must return numeric arrays.
+          fn: a pure function of one element; it returns arrays, numbers, strings or bytes
+            (in a structure), and the elements are the same whoever computes them.
           num_parallel_calls: None computes elements in the consuming thread; N > 0 computes
             N elements at once; AUTOTUNE measures and picks (0 included).
           deterministic: accepted for tf.data compatibility; the order is always kept.

@@ -14,7 +14,6 @@ reads ahead).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from phalanx._src.data import (
     combine_ops,
+    executors,
     plan,
     stream,
     stream_combine,
@@ -194,7 +194,8 @@ class DatasetOps:
         `map_func(element)` returns a `phalanx.data.Dataset`. The order is tf.data's
         deterministic order; `num_parallel_calls` and `deterministic` are accepted for
         compatibility and computation stays sequential. `cycle_length=None` (or AUTOTUNE)
-        is the CPU count, as in tf.data: pass a number for the same order on every machine.
+        is the number of CPUs this process may use, as in tf.data; the order follows it, and
+        an iterator state saved with it restores at the saved cycle length on any machine.
 
         Example:
           >>> files.interleave(lambda i: make_shard(i), cycle_length=4, block_length=16)
@@ -202,11 +203,12 @@ class DatasetOps:
         del num_parallel_calls, deterministic
         if not callable(map_func):
             raise TypeError(f"interleave() needs a function element -> Dataset, got {map_func!r}")
-        if cycle_length is None or cycle_length == -1:
-            cycle_length = os.cpu_count() or 1
+        auto = cycle_length is None or cycle_length == -1
+        if auto:  # the CPUs this process may use; a restore takes the saved cycle_length
+            cycle_length = executors.cpu_count()
         cycle = validation.check_positive(cycle_length, "cycle_length", "interleave(f, 4)")
         block = validation.check_positive(block_length, "block_length", "interleave(f, 4, 1)")
-        return self._then(stream_nested.Interleave(self._node, map_func, cycle, block))
+        return self._then(stream_nested.Interleave(self._node, map_func, cycle, block, auto))
 
     def unbatch(self) -> Any:
         """Splits every batch back into its rows (the state: the batch and the row in it)."""

@@ -116,6 +116,8 @@ class DatasetTF:
             )
         dataset = self._then(self._node)  # type: ignore[attr-defined]
         dataset._options = self.options().merge(options)
+        limit = int(dataset._options.experimental_max_open_files)
+        dataset._node = plan.with_max_open(dataset._node, limit)
         return dataset
 
     def _tuner_for(self, top: int) -> autotune.Tuner:

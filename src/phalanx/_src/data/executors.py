@@ -334,4 +334,5 @@ class _ParallelMapCursor:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:
-        self.close()
+        if hasattr(self, "_ready"):  # else __init__ raised (the parent did not open): nothing runs
+            self.close()

@@ -14,6 +14,7 @@ from phalanx._src.strategy.optional import Optional
 
 _STATE_KEYS = frozenset({"epoch", "step", "seeds"})
 _STREAM_STATE_KEYS = _STATE_KEYS | {"cursor"}  # a streaming pipeline's counters (stream.py)
+_ORDER_KEY = "order"  # what decides a record source's order (records/fingerprint.py)
 
 
 def take(iterator: Any, count: int) -> list[Any]:
@@ -57,6 +58,7 @@ class DatasetIterator:
         self._cursor_state: Any = None
         self._seeds_of: Any = None  # the node whose seeds `_seed_values` holds
         self._seed_values: list[int] = []
+        self._order: list[dict] = []  # `plan.order_states` of `_seeds_of`
         # Read once: walking the chain on every next() would cost more than the check.
         self._threaded = not self._streaming and (dataset.num_workers > 0 or dataset._prefetch != 0)
 
@@ -153,12 +155,18 @@ class DatasetIterator:
     def get_state(self, back: int = 0) -> dict[str, Any]:
         """The position: a small JSON-serialisable dict (epoch, step, shuffle seeds).
 
+        Over record files it also holds what decides their order (`"order"`: the files'
+        count, a hash of their names and sizes, the interleave width), which `set_state`
+        checks, so a restore continues exactly or raises an error saying what differs.
+
         `back`: the position that many elements earlier in this epoch (for a consumer that
         took several elements with `next_many` and uses them one by one).
         """
         if not 0 <= back <= self._step or (back and self._streaming):
             raise ValueError(f"cannot go back {back} elements from step {self._step}")
         state = {"epoch": self._epoch, "step": self._step - back, "seeds": self._seeds()}
+        if self._order:
+            state[_ORDER_KEY] = [dict(order) for order in self._order]
         if self._streaming:
             cursor = self._cursor
             state["cursor"] = self._cursor_state if cursor is None else cursor.state()
@@ -170,6 +178,7 @@ class DatasetIterator:
         if self._seeds_of is not self._node:
             self._seeds_of = self._node
             self._seed_values = [int(s) for s in index_ops.seeds(self._node)]
+            self._order = plan.order_states(self._node)
         return list(self._seed_values)
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -178,15 +187,25 @@ class DatasetIterator:
         The dataset adopts the state's shuffle seeds (so later epochs replay too) and its
         next `iter()` starts at the following epoch.
 
+        Over record files, the sources adopt the state's interleave width where it was
+        AUTOTUNE's (so the order continues on a machine with another CPU count); any other
+        difference in what decides their order is an error naming it.
+
         Raises:
-          ValueError: the state does not come from this pipeline.
+          ValueError: the state does not come from this pipeline, or it cannot continue
+            exactly here (other record files, another num_parallel_reads).
         """
         keys = _STREAM_STATE_KEYS if self._streaming else _STATE_KEYS
+        self._seeds()
+        if self._order:
+            keys = keys | {_ORDER_KEY}
         if not isinstance(state, dict) or set(state) != keys:
             raise ValueError(
                 f"expected a state from DatasetIterator.get_state() with keys "
                 f"{sorted(keys)}, got {state!r}."
             )
+        if self._order:  # checked first: an error leaves the dataset as it was
+            ordered = plan.with_order_states(self._dataset._node, state[_ORDER_KEY])
         epoch, step = int(state["epoch"]), int(state["step"])
         length = self._node.length
         if epoch < 0 or step < 0 or (length is not None and step > length):
@@ -194,6 +213,8 @@ class DatasetIterator:
                 f"state {state!r} is out of range for a dataset of {length} elements per "
                 "epoch; restore a state saved from the same pipeline."
             )
+        if self._order:
+            self._dataset._node = ordered
         self._dataset._reseed([int(s) for s in state["seeds"]])
         self._dataset._continue_after(epoch)
         self.close()

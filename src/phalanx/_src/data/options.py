@@ -6,6 +6,9 @@ What each option does here:
 - `threading.private_threadpool_size` (0: the CPU count): the most workers AUTOTUNE tries.
 - `deterministic` / `experimental_deterministic`: accepted; phalanx pipelines are always
   deterministic (elements come back in order, whatever computes them).
+- `experimental_max_open_files` (64; phalanx's own): the most record files a pipeline keeps
+  open at once, in the main process and in each worker process (the least recently read
+  are closed and reopened when needed: see `records/open_files.py`).
 - `experimental_distribute.auto_shard_policy`: for a pipeline over TFRecord files
   (`TFRecordDataset`), as tf.data: AUTO gives each process its files when there are at
   least as many files as processes, else its records; FILE and DATA force one; OFF reads
@@ -128,6 +131,7 @@ class Options(_Group):
         "experimental_slack": False,
         "experimental_external_state_policy": None,
         "experimental_symbolic_checkpoint": None,
+        "experimental_max_open_files": 64,
     }
 
     def __init__(self) -> None:
@@ -136,6 +140,16 @@ class Options(_Group):
         object.__setattr__(self, "autotune", AutotuneOptions())
         object.__setattr__(self, "threading", ThreadingOptions())
         object.__setattr__(self, "experimental_optimization", OptimizationOptions())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "experimental_max_open_files" and (
+            isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1
+        ):
+            raise ValueError(
+                f"experimental_max_open_files must be an int >= 1 (files open at once), got "
+                f"{value!r}; e.g. options.experimental_max_open_files = 256"
+            )
+        super().__setattr__(name, value)
 
     def merge(self, other: Options) -> Options:
         """These options with every option `other` set (not at its default) taking over."""

@@ -124,3 +124,48 @@ def element(root: Node, key: Key, step: int) -> Any:
     if root.level == 1:
         return elements[0]
     return jax.tree.map(lambda a: a[0], elements)
+
+
+def order_states(root: Node) -> list[dict]:
+    """What decides the order of the chain's sources that have a say in it (record files:
+    their files and interleave width; see `records/fingerprint.py`), sources first."""
+    return [node.order_state() for node in chain(root) if hasattr(node, "order_state")]
+
+
+def with_order_states(root: Node, saved: list[Any]) -> Node:
+    """The chain reading its sources in the saved order (`restore_order` of each: the same
+    node, one at the saved width, or an error), sources first.
+
+    Raises:
+      ValueError: a source whose saved order cannot be continued exactly, or a state with
+        another number of such sources.
+    """
+    nodes = [node for node in chain(root) if hasattr(node, "order_state")]
+    if not isinstance(saved, list) or len(saved) != len(nodes):
+        raise ValueError(
+            f"the state describes the order of {saved!r} where this dataset reads "
+            f"{len(nodes)} record sources; restore a state saved from the same pipeline"
+        )
+    restored = [node.restore_order(state) for node, state in zip(nodes, saved, strict=True)]
+    if all(new is old for new, old in zip(restored, nodes, strict=True)):
+        return root
+    states = iter(saved)
+
+    def change(node: Node) -> Node:  # the copies of the nodes checked above
+        return node.restore_order(next(states)) if hasattr(node, "order_state") else node
+
+    return rebuild(root, change)
+
+
+def with_max_open(root: Node, limit: int) -> Node:
+    """The chain with every node that opens files (`max_open`) keeping at most `limit`
+    open (`Options().experimental_max_open_files`); `root` itself when none changes."""
+    if all(getattr(node, "max_open", limit) == limit for node in chain(root)):
+        return root
+
+    def change(node: Node) -> Node:
+        if getattr(node, "max_open", limit) == limit:
+            return node
+        return dataclasses.replace(node, max_open=limit)
+
+    return rebuild(root, change)

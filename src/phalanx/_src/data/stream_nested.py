@@ -211,15 +211,47 @@ class _FlatMapCursor(_Inside):
 
 @dataclasses.dataclass(eq=False)
 class Interleave(Stream):
-    """tf.data's interleave, transcribed from its sequential (deterministic) algorithm."""
+    """tf.data's interleave, transcribed from its sequential (deterministic) algorithm.
+
+    The order follows `cycle_length` and `block_length`, which iterator states record
+    (`order_state`): a restore with others is an error naming them, except that a
+    `cycle_length` left to phalanx (`auto`: None or AUTOTUNE, the CPU count) takes the
+    saved one, so the order continues on a machine with another CPU count.
+    """
 
     parent: Node
     fn: Callable[..., Any]
     cycle_length: int
     block_length: int
+    auto: bool = False
 
     def open(self, key: Key, state: dict | None) -> Any:
         return _InterleaveCursor(self, key, state)
+
+    def order_state(self) -> dict:
+        return {"cycle_length": self.cycle_length, "block_length": self.block_length}
+
+    def restore_order(self, saved: Any) -> Node:
+        """This node, or one at the saved cycle length; raises if the order cannot be the
+        saved one."""
+        mine = self.order_state()
+        if not isinstance(saved, dict) or set(saved) != set(mine):
+            raise ValueError(
+                f"expected the state of an interleave with keys {sorted(mine)}, got "
+                f"{saved!r}; restore a state saved from the same pipeline"
+            )
+        if saved == mine:
+            return self
+        cycle, block = int(saved["cycle_length"]), int(saved["block_length"])
+        if self.auto and block == self.block_length:
+            return dataclasses.replace(self, cycle_length=cycle)
+        raise ValueError(
+            "cannot restore this iterator state exactly: the order of interleave depends on "
+            f"its cycle_length and block_length, and they differ (cycle_length "
+            f"{cycle} -> {self.cycle_length}, block_length {block} -> {self.block_length}). "
+            f"Build the dataset as it was saved: interleave(f, cycle_length={cycle}, "
+            f"block_length={block}) (cycle_length=None takes the saved one)"
+        )
 
 
 class _InterleaveCursor(_Cursor):

@@ -6,9 +6,10 @@ cloudpickle, when the workers start) on the steps the parent hands them, round r
 
 How results come back: the parent owns a few shared-memory slots per worker (created,
 grown and unlinked by the parent, so its resource tracker cleans them up even if it is
-killed). A worker writes an element's arrays into the slot it was told to use and sends
-only their layout (dtype, shape, offset, and the element's structure) through a pipe; the
-parent copies the arrays out and reuses the slot. No array is pickled.
+killed). A worker writes an element's numeric arrays into the slot it was told to use and
+sends only their layout (dtype, shape, offset, and the element's structure) through a pipe;
+the parent copies the arrays out and reuses the slot. Strings, bytes and objects, which
+shared memory cannot carry, travel pickled in the layout: an element comes back as made.
 
 Lifetime: workers start from a fork server (one clean, single-threaded process per parent
 that has already imported NumPy and phalanx, so a worker starts in milliseconds without
@@ -49,11 +50,18 @@ _context: Any = None
 
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
-    """Where one array of an element lies in a slot."""
+    """Where one numeric array of an element lies in a slot (`scalar`: a NumPy scalar), or
+    (offset -1) a leaf shared memory cannot carry (strings, bytes, objects): `value`."""
 
     dtype: str
     shape: tuple[int, ...]
     offset: int
+    scalar: bool = False
+    value: Any = None
+
+
+def _numeric(leaf: Any) -> bool:
+    return isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "biufcmM"
 
 
 class RemoteTraceback(Exception):
@@ -98,12 +106,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _layout(leaves: list[np.ndarray]) -> tuple[list[int], int]:
+def _layout(leaves: list[Any]) -> tuple[list[int], int]:
+    """Each numeric leaf's offset in a slot (-1: sent inline), and the bytes they need."""
     offsets, end = [], 0
     for leaf in leaves:
+        if not _numeric(leaf):
+            offsets.append(-1)
+            continue
         offsets.append(end)
         end += -(-leaf.nbytes // _ALIGN) * _ALIGN
     return offsets, max(end, 1)
+
+
+def _skeleton(treedef: Any, leaves: list[Any], offsets: list[int]) -> bytes:
+    """The element's structure with each leaf's place in the slot, or the leaf itself."""
+    parts = [
+        _Leaf("", (), -1, value=leaf)
+        if offset < 0
+        else _Leaf(leaf.dtype.str, leaf.shape, offset, isinstance(leaf, np.generic))
+        for leaf, offset in zip(leaves, offsets, strict=True)
+    ]
+    try:
+        return cloudpickle.dumps(treedef.unflatten(parts))
+    except Exception as error:
+        raise TypeError(
+            f"a map in worker processes returned a leaf that cannot be pickled back ({error}); "
+            "return NumPy arrays, strings or bytes, or use workers='thread'"
+        ) from error
 
 
 def _serve(conn: Any, parent: int, payload: bytes) -> None:
@@ -127,16 +156,8 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
             key, step, slot, name, size = message
             try:
                 if pending is None or pending[0] != (key, step):
+                    # As made: no np.ascontiguousarray, which makes a scalar 1-d.
                     leaves, treedef = jax.tree.flatten(plan.element(root, key, step))
-                    leaves = [np.ascontiguousarray(leaf) for leaf in leaves]
-                    if any(leaf.dtype.kind in "OSU" for leaf in leaves):
-                        # Shared memory would carry this process's pointers (a crash), and
-                        # NumPy's fixed-width strings drop trailing NUL bytes.
-                        raise TypeError(
-                            "a map in worker processes returned strings or Python objects "
-                            "(an object array), which shared memory cannot carry; turn them "
-                            "into numbers inside the map, or use workers='thread'"
-                        )
                     pending = ((key, step), leaves, treedef)
                 _, leaves, treedef = pending
                 offsets, need = _layout(leaves)
@@ -149,17 +170,13 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
                         shm.close()
                     shm = slots[slot] = shared_memory.SharedMemory(name=name)
                 for leaf, offset in zip(leaves, offsets, strict=True):
+                    if offset < 0:
+                        continue
                     target = np.ndarray(leaf.shape, leaf.dtype, buffer=shm.buf, offset=offset)
                     target[...] = leaf
                     del target  # release the export of shm.buf
-                skeleton = treedef.unflatten(
-                    [
-                        _Leaf(leaf.dtype.str, leaf.shape, offset)
-                        for leaf, offset in zip(leaves, offsets, strict=True)
-                    ]
-                )
                 pending = None
-                conn.send(("ok", step, cloudpickle.dumps(skeleton)))
+                conn.send(("ok", step, _skeleton(treedef, leaves, offsets)))
             except Exception as error:  # sent to the parent, raised there in order
                 pending = None
                 try:
@@ -318,9 +335,11 @@ class Processes:
         buf = self._slots[w][slot].buf
         skeleton = cloudpickle.loads(blob)
 
-        def read(leaf: _Leaf) -> np.ndarray:
+        def read(leaf: _Leaf) -> Any:
+            if leaf.offset < 0:
+                return leaf.value
             view = np.ndarray(leaf.shape, np.dtype(leaf.dtype), buffer=buf, offset=leaf.offset)
-            return view.copy()
+            return view[()] if leaf.scalar else view.copy()
 
         return jax.tree.map(read, skeleton, is_leaf=lambda x: isinstance(x, _Leaf))
 

@@ -24,6 +24,16 @@ inside a differentiated function that made no `stateless_call` of the model (for
 with losses), or a read outside one of activity or `add_loss` terms computed by a call
 whose trace has ended. Outside any differentiation, weight regularizers are computed on the
 variables' current values, as TF computes them.
+
+Whether a trace differentiates is read from JAX's trace classes, which JAX does not make
+public: the differentiating ones (JVP, linearize) and the ones known not to (evaluation,
+jit, vmap, shard_map, remat, partial evaluation). The check fails closed: a trace of any
+other class (a JAX release that adds or renames one) counts as one that may differentiate,
+so a read that would need to know is the error above, never a value without its gradient.
+
+The patch is on the shared model object, so it is counted: threads that step the same
+model at once share one patch, which the last of them to finish removes, and each thread
+keeps the losses of its own last `stateless_call`.
 """
 
 from __future__ import annotations
@@ -37,13 +47,40 @@ try:  # the current trace: no public accessor in jax 0.10
     from jax._src import core as jax_core
     from jax._src.interpreters import ad as jax_ad
 
-    _DIFFERENTIATING = (jax_ad.JVPTrace, jax_ad.LinearizeTrace)
+    _DIFFERENTIATING: tuple[type, ...] = (jax_ad.JVPTrace, jax_ad.LinearizeTrace)
     jax_core.unsafe_get_trace_stack  # noqa: B018 (probed: used at every read)
     jax_core.trace_ctx  # noqa: B018
 except (ImportError, AttributeError):  # a JAX whose internals moved: reads become errors
     jax_core = None
     _DIFFERENTIATING = ()
+
+
+def _known_not_differentiating() -> tuple[type, ...]:
+    """The trace classes known not to differentiate that this JAX has (any it lacks is
+    left out: a trace that is not listed counts as one that may differentiate)."""
+    from importlib import import_module
+
+    places = (
+        ("jax._src.core", "EvalTrace"),
+        ("jax._src.interpreters.partial_eval", "DynamicJaxprTrace"),
+        ("jax._src.interpreters.partial_eval", "JaxprTrace"),
+        ("jax._src.interpreters.batching", "BatchTrace"),
+        ("jax._src.interpreters.remat", "RematTrace"),
+        ("jax._src.shard_map", "ShardMapTrace"),
+    )
+    found = []
+    for module, name in places:
+        try:
+            found.append(getattr(import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+_NOT_DIFFERENTIATING = _known_not_differentiating() if jax_core is not None else ()
 _STATE = threading.local()  # the phalanx scope in force, to tell its reads from Keras's own
+_PATCHES: dict[int, list] = {}  # id(model) -> [model, its _Losses, steps using it]
+_PATCHES_LOCK = threading.Lock()
 
 
 class _Record:
@@ -60,8 +97,19 @@ def _trace_stack() -> list[Any]:
     return jax_core.unsafe_get_trace_stack(jax_core.trace_ctx.trace)
 
 
-def _differentiating(stack: list[Any]) -> bool:
-    return any(isinstance(trace, _DIFFERENTIATING) for trace in stack)
+def _differentiating(stack: list[Any]) -> bool | None:
+    """Whether a trace of `stack` differentiates: True, False, or None when one is of a
+    class phalanx does not know (it may)."""
+    if any(isinstance(trace, _DIFFERENTIATING) for trace in stack):
+        return True
+    if all(isinstance(trace, _NOT_DIFFERENTIATING) for trace in stack):
+        return False
+    return None
+
+
+def _unknown(stack: list[Any]) -> str:
+    names = {type(t).__name__ for t in stack if not isinstance(t, _NOT_DIFFERENTIATING)}
+    return ", ".join(sorted(names))
 
 
 def _fix(label: str) -> str:
@@ -91,19 +139,29 @@ class _Losses:
     the whole read.
     """
 
-    def __init__(self, keras_model: Any, label: str, what: str) -> None:
+    def __init__(self, keras_model: Any) -> None:
         self.layer = keras_model
-        self.label = label
-        self.what = what
-        self.record: _Record | None = None
+        self.local = threading.local()  # per thread: its label, what, and last _Record
         self.original_call = keras_model.stateless_call
         self.original_regularization = keras_model._get_regularization_losses
+
+    @property
+    def label(self) -> str:
+        return getattr(self.local, "label", "model")
+
+    @property
+    def what(self) -> str:
+        return getattr(self.local, "what", "the step")
+
+    @property
+    def record(self) -> _Record | None:
+        return getattr(self.local, "record", None)
 
     def stateless_call(self, *args: Any, return_losses: bool = False, **kwargs: Any) -> Any:
         if jax_core is None:
             return self.original_call(*args, return_losses=return_losses, **kwargs)
         outputs, non_trainable, losses = self.original_call(*args, return_losses=True, **kwargs)
-        self.record = _Record(list(losses), jax_core.trace_ctx.trace)
+        self.local.record = _Record(list(losses), jax_core.trace_ctx.trace)
         return (outputs, non_trainable, losses) if return_losses else (outputs, non_trainable)
 
     def regularization(self) -> list:
@@ -120,11 +178,20 @@ class _Losses:
         if record is not None:
             at = next((i for i, trace in enumerate(stack) if trace is record.trace), None)
             # Made in this function, or in one enclosing it with no gradient taken between.
-            if at is not None and not _differentiating(stack[at + 1 :]):
+            if at is not None and _differentiating(stack[at + 1 :]) is False:
                 return list(record.losses)
         weights = _weight_regularized(self.layer)
         made = record is not None and len(record.losses) > 0
-        if _differentiating(stack):
+        differentiating = _differentiating(stack)
+        if differentiating is None and (weights or made or _activity_regularized(self.layer)):
+            raise ValueError(
+                f"{self.what}: the step reads `{self.label}.losses` inside a JAX trace "
+                f"phalanx does not know ({_unknown(stack)}), so it cannot tell whether that "
+                "trace differentiates; computed on the variables' current values the losses "
+                "would carry no gradient, and the update could silently leave the "
+                f"regularizers out. {_fix(self.label)}"
+            )
+        if differentiating is not False:
             if weights or made or _activity_regularized(self.layer):
                 raise ValueError(
                     f"{self.what}: the step reads `{self.label}.losses` inside a function "
@@ -160,20 +227,53 @@ def carried(models: list[tuple[Any, str]], what: str, scope: Any) -> Iterator[No
       >>> with carried([(model, "model")], "strategy.run", scope):
       ...     step(batch)
     """
-    patched: list[Any] = []
+    entered: list[tuple[Any, tuple]] = []
     previous = getattr(_STATE, "scope", None)
     _STATE.scope = scope
     try:
         for model, label in models:
-            if "stateless_call" in vars(model):
-                continue  # a nested trace already patched it
-            losses = _Losses(model, label, what)
-            object.__setattr__(model, "stateless_call", losses.stateless_call)
-            object.__setattr__(model, "_get_regularization_losses", losses.regularization)
-            patched.append(model)
+            losses = _enter(model)
+            if losses is None:
+                continue  # the instance's own stateless_call, not phalanx's: left alone
+            local = losses.local
+            entered.append((model, (local.__dict__.get("label"), local.__dict__.get("what"))))
+            if "label" not in local.__dict__:  # an enclosing trace's names stay
+                local.label, local.what = label, what
         yield
     finally:
         _STATE.scope = previous
-        for model in patched:
+        for model, (label, what) in reversed(entered):
+            _leave(model, label, what)
+
+
+def _enter(model: Any) -> _Losses | None:
+    """The patch on `model`, made by the first step to use it (None: the instance has a
+    `stateless_call` of its own)."""
+    with _PATCHES_LOCK:
+        entry = _PATCHES.get(id(model))
+        if entry is None:
+            if "stateless_call" in vars(model):
+                return None
+            losses = _Losses(model)
+            object.__setattr__(model, "stateless_call", losses.stateless_call)
+            object.__setattr__(model, "_get_regularization_losses", losses.regularization)
+            entry = _PATCHES[id(model)] = [model, losses, 0]
+        entry[2] += 1
+        return entry[1]
+
+
+def _leave(model: Any, label: str | None, what: str | None) -> None:
+    """Ends one step's use of the patch (restoring this thread's names, and its record
+    when the thread is done with the model); the last one removes it."""
+    with _PATCHES_LOCK:
+        entry = _PATCHES[id(model)]
+        local = entry[1].local
+        if label is None:
+            local.__dict__.clear()
+        else:
+            local.label, local.what = label, what
+        entry[2] -= 1
+        if entry[2] == 0:
+            del _PATCHES[id(model)]
             object.__delattr__(model, "stateless_call")
             object.__delattr__(model, "_get_regularization_losses")

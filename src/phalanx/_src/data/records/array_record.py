@@ -17,6 +17,7 @@ import numpy as np
 
 from phalanx._src.data.dataset import Dataset
 from phalanx._src.data.plan import Key, Node
+from phalanx._src.data.records import fingerprint
 from phalanx._src.data.records.tfrecord_dataset import file_names
 
 _MANY = 64  # records per read from which the data source's parallel read pays
@@ -53,6 +54,19 @@ class ArrayRecordSource(Node):
     @property
     def length(self) -> int:
         return len(self._source)
+
+    def order_state(self) -> dict:
+        """What decides the records' numbering (the files), for iterator states; a restore
+        over other files is an error naming the difference (see `fingerprint`)."""
+        state = self.__dict__.get("_order_state")
+        if state is None:
+            state = fingerprint.order_state(self.paths, "ArrayRecord", None, 1)
+            self.__dict__["_order_state"] = state
+        return state
+
+    def restore_order(self, saved: Any) -> Node:
+        fingerprint.restore(self.order_state(), saved, auto=False)
+        return self
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         keys = [int(p) for p in positions]

@@ -1,20 +1,23 @@
-"""TFRecord files with random access: an index of record offsets, built by one scan.
+"""TFRecord files with random access: an index of record offsets, built from the headers.
 
 `TFRecordDataset(files).shuffle(n)` is tf.data's most common pipeline. A phalanx shuffle
 is a permutation of the whole dataset, which needs random access; for uncompressed TFRecord
-files that costs one pass over the record headers (a 12-byte read and a seek per record,
-the data is not read), after which any record is one `pread` away. The records are
-numbered file after file, so `shuffle` is an exact global shuffle, an iterator's position
-is (epoch, step), and `process_split` reads only this process's rows. For
-`map(..., workers="process")`, whose worker processes each read the records they map, the
-records keep `TFRecordDataset`'s interleaved order (`interleave_order`), so processes map
-the elements threads would, in the same order. Compressed files cannot be read at an
-offset without decompressing all before it, so they keep streaming.
+files that costs one pass over the record headers (`record_index`: a 12-byte `pread` per
+record, files in parallel, cached for the next run), after which any record is one `pread`
+away. The records are numbered file after file, so `shuffle` is an exact global shuffle,
+an iterator's position is (epoch, step), and `process_split` reads only this process's
+rows. For `map(..., workers="process")`, whose worker processes each read the records
+they map, the records keep `TFRecordDataset`'s interleaved order (`interleave_order`), so
+processes map the elements threads would, in the same order. Compressed files cannot be
+read at an offset without decompressing all before it, so they keep streaming.
+
+Files are kept open in an LRU (`open_files`), at most `max_open` at once in each process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import struct
 import threading
@@ -23,46 +26,20 @@ from typing import Any
 import numpy as np
 
 from phalanx._src.data.plan import Key, Node
-from phalanx._src.data.records.tfrecord_io import DataLossError, masked_crc
+from phalanx._src.data.records import fingerprint
+from phalanx._src.data.records.open_files import DEFAULT_LIMIT, OpenFiles
+from phalanx._src.data.records.record_index import fail, index_files
+from phalanx._src.data.records.tfrecord_io import masked_crc
 
 _HEADER = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
 
 
-def index_file(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, lengths) of every record of an uncompressed TFRecord file, each length
-    checked against its checksum.
-
-    Raises:
-      DataLossError: a damaged header or a truncated last record, naming file and offset.
-    """
-    offsets, lengths = [], []
-    size = os.path.getsize(path)
-    position = 0
-    with open(path, "rb", buffering=1 << 20) as f:
-        while True:
-            header = f.read(12)
-            if not header:
-                break
-            if len(header) < 12:
-                _fail(path, position, f"truncated: a 12-byte header was cut to {len(header)}")
-            length, crc = _HEADER.unpack(header)
-            if masked_crc(header[:8]) != crc:
-                _fail(path, position, "the checksum of the length field does not match")
-            if position + 16 + length > size:
-                _fail(path, position, f"truncated: the record's {length} bytes run past the end")
-            offsets.append(position)
-            lengths.append(length)
-            position += 16 + length
-            f.seek(position)
-    return np.array(offsets, np.int64), np.array(lengths, np.int64)
-
-
-def _fail(path: str, offset: int, what: str) -> None:
-    raise DataLossError(
-        f"corrupted record at byte offset {offset} in {path!r}: {what}. The file is "
-        "truncated or damaged; re-create or re-download it, or leave it out"
-    )
+def _open(files: tuple[str, ...], file: int) -> int:
+    try:
+        return os.open(files[file], os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"record file {files[file]!r} does not exist") from None
 
 
 def interleave_order(counts: Any, cycle: int) -> np.ndarray:
@@ -119,7 +96,7 @@ class _Index:
         """(first record of each file, offsets, lengths), the files scanned once."""
         with self.lock:
             if self.value is None:
-                scans = [index_file(path) for path in self.files]
+                scans = index_files(self.files)
                 counts = [len(offsets) for offsets, _ in scans]
                 starts = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
                 empty = [np.zeros(0, np.int64)]
@@ -140,26 +117,31 @@ class _Index:
 @dataclasses.dataclass(eq=False)
 class IndexedRecords(Node):
     """The records of uncompressed TFRecord files with random access: in file order, or
-    in the order `cycle` interleaved files give (`interleave_order`) when `cycle` > 1."""
+    in the order `cycle` interleaved files give (`interleave_order`) when `cycle` > 1
+    (`auto`: the width came from num_parallel_reads=AUTOTUNE; see `fingerprint`)."""
 
     files: tuple[str, ...]
     index: _Index | None = dataclasses.field(default=None, repr=False)
     cycle: int = 1
-    _fds: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
-    _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
+    auto: bool = False
+    max_open: int = DEFAULT_LIMIT
+    _fds: Any = dataclasses.field(default=None, init=False, repr=False)
 
     level = 0
 
     def __post_init__(self) -> None:
         if self.index is None:
             self.index = _Index(self.files)
+        # No bound method inside: a cycle would keep the files open until a GC pass.
+        self._fds = OpenFiles(self.max_open, functools.partial(_open, self.files), os.close)
 
     def __getstate__(self) -> dict:
         # a worker opens its own files
-        return {"files": self.files, "index": self.index, "cycle": self.cycle}
+        fields = ("files", "index", "cycle", "auto", "max_open")
+        return {name: getattr(self, name) for name in fields}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["files"], state["index"], state["cycle"])
+        self.__init__(**state)
 
     def _records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.index.get()  # type: ignore[union-attr]
@@ -168,29 +150,62 @@ class IndexedRecords(Node):
     def length(self) -> int:
         return int(self._records()[0][-1])
 
-    def _fd(self, file: int) -> int:
-        with self._lock:
-            fd = self._fds.get(file)
-            if fd is None:
-                fd = self._fds[file] = os.open(self.files[file], os.O_RDONLY)
-            return fd
+    @property
+    def width(self) -> int:
+        """The interleave width that decides the order (a cycle longer than the file list
+        gives the order of one as long)."""
+        return max(1, min(self.cycle, len(self.files)))
+
+    def order_state(self) -> dict:
+        """What decides this source's order, for iterator states (see `fingerprint`)."""
+        state = self.__dict__.get("_order_state")
+        if state is None:
+            state = fingerprint.order_state(self.files, "", None, self.width)
+            self.__dict__["_order_state"] = state
+        return state
+
+    def restore_order(self, saved: Any) -> Node:
+        """This node, or one reading at the saved width; raises if the order cannot be the
+        saved one (see `fingerprint.restore`)."""
+        width = fingerprint.restore(self.order_state(), saved, self.auto)
+        return self if width is None else dataclasses.replace(self, cycle=width)
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         starts, offsets, lengths = self._records()
-        if self.cycle > 1:
-            positions = self.index.order(self.cycle)[positions]  # type: ignore[union-attr]
+        if self.width > 1:
+            positions = self.index.order(self.width)[positions]  # type: ignore[union-attr]
         files = np.searchsorted(starts, positions, side="right") - 1
         out = np.empty(len(positions), object)
         for i, (file, position) in enumerate(zip(files.tolist(), positions.tolist(), strict=True)):
             offset, length = int(offsets[position]), int(lengths[position])
-            body = os.pread(self._fd(file), length + 4, offset + 12)
-            if len(body) != length + 4:
-                _fail(self.files[file], offset, "truncated since it was indexed")
-            if masked_crc(body[:length]) != _CRC.unpack_from(body, length)[0]:
-                _fail(self.files[file], offset, "the checksum of the data does not match")
-            out[i] = body[:length]
+            fd = self._fds.acquire(file)
+            try:
+                record = os.pread(fd, length + 16, offset)
+            finally:
+                self._fds.release(file)
+            out[i] = self._check(file, offset, length, record)
         return out
 
+    def _check(self, file: int, offset: int, length: int, record: bytes) -> bytes:
+        """The data of `record` (read at `offset` for an indexed `length`), every part of
+        it checked: the index may be a cached one of a file changed since."""
+        path = self.files[file]
+        if len(record) != length + 16:
+            fail(path, offset, "truncated since it was indexed")
+        found, crc = _HEADER.unpack_from(record)
+        if found != length or masked_crc(record[:8]) != crc:
+            fail(
+                path,
+                offset,
+                "the record's header does not match the index (the file "
+                "changed since it was indexed)",
+            )
+        data = record[12 : 12 + length]
+        if masked_crc(data) != _CRC.unpack_from(record, 12 + length)[0]:
+            fail(path, offset, "the checksum of the data does not match")
+        return data
+
     def __del__(self) -> None:
-        for fd in getattr(self, "_fds", {}).values():
-            os.close(fd)
+        fds = getattr(self, "_fds", None)
+        if fds is not None:
+            fds.close()

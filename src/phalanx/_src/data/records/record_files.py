@@ -5,7 +5,9 @@
 open files, one record each; an exhausted file's slot takes the next file). Its position is
 the next file to open, the cycle position and, for every open file, its index and the byte
 offset of its next record, so a restored iterator re-opens those files at those offsets and
-continues bitwise.
+continues bitwise. What decides the order (the files, the width) is kept in the iterator
+state beside it and checked on restore (`fingerprint`). At most `max_open` files are open
+at once (`open_files`): a cycle wider than that reopens uncompressed files at their offsets.
 
 Over many processes, `Dataset.process_split` (which `fit` and
 `experimental_distribute_dataset` apply) asks each node for a `split_processes` hook;
@@ -36,7 +38,9 @@ from typing import Any
 from phalanx._src.data import plan
 from phalanx._src.data.options import AutoShardPolicy, Options
 from phalanx._src.data.plan import Key, Node
+from phalanx._src.data.records import fingerprint
 from phalanx._src.data.records.indexed import IndexedRecords
+from phalanx._src.data.records.open_files import DEFAULT_LIMIT
 from phalanx._src.data.records.tfrecord_io import RecordReader
 from phalanx._src.data.stream import Stream
 from phalanx._src.data.stream_nested import StreamBatch
@@ -55,13 +59,16 @@ class Share:
 
 @dataclasses.dataclass(eq=False)
 class RecordFiles(Stream):
-    """The records of `files` (bytes), read `cycle` files at a time; see the module doc."""
+    """The records of `files` (bytes), read `cycle` files at a time (`auto`: the width
+    came from num_parallel_reads=AUTOTUNE); see the module doc."""
 
     files: tuple[str, ...]
     kind: str  # "", "GZIP" or "ZLIB"
     buffer_size: int | None
     cycle: int
     share: Share | None = None
+    auto: bool = False
+    max_open: int = DEFAULT_LIMIT
 
     level = 0
 
@@ -70,6 +77,26 @@ class RecordFiles(Stream):
         if share is not None and share.by_file:
             return self.files[share.index :: share.count]
         return self.files
+
+    @property
+    def width(self) -> int:
+        """The interleave width that decides the order (a cycle longer than the file list
+        gives the order of one as long)."""
+        return max(1, min(self.cycle, len(self.own_files())))
+
+    def order_state(self) -> dict:
+        """What decides this source's order, for iterator states (see `fingerprint`)."""
+        state = self.__dict__.get("_order_state")
+        if state is None:
+            state = fingerprint.order_state(self.files, self.kind, self.share, self.width)
+            self.__dict__["_order_state"] = state
+        return state
+
+    def restore_order(self, saved: Any) -> Node:
+        """This node, or one reading at the saved width; raises if the order cannot be the
+        saved one (see `fingerprint.restore`)."""
+        width = fingerprint.restore(self.order_state(), saved, self.auto)
+        return self if width is None else dataclasses.replace(self, cycle=width)
 
     def open(self, key: Key, state: dict | None) -> Any:
         return _RecordCursor(self, state)
@@ -91,7 +118,9 @@ class RecordFiles(Stream):
                 "decompressing all before it); write the files uncompressed, or as "
                 "ArrayRecord (ArrayRecordDataset)"
             )
-        return IndexedRecords(self.files, cycle=self.cycle if in_order else 1)
+        if not in_order:
+            return IndexedRecords(self.files, max_open=self.max_open)
+        return IndexedRecords(self.files, cycle=self.cycle, auto=self.auto, max_open=self.max_open)
 
     def split_processes(
         self, root: Node, options: Options | None, index: int, count: int
@@ -106,7 +135,9 @@ class _RecordCursor:
 
     `state()` runs once per record (a parallel map keeps each element's), so it is cheap:
     each slot's `[file index, byte offset]` is kept ready, as a list that snapshots share,
-    replaced when its file moves on and never changed in place.
+    replaced when its file moves on and never changed in place. At most `node.max_open`
+    readers are open: opening one more closes the least recently read, which reopens at
+    its slot's offset when its turn comes (only a cycle wider than the limit does that).
     """
 
     def __init__(self, node: RecordFiles, state: dict | None) -> None:
@@ -114,22 +145,31 @@ class _RecordCursor:
         self.files = node.own_files()
         share = node.share
         self._share = None if share is None or share.by_file else share  # sharded by record
-        self._cycle = node.cycle
+        self._cycle = cycle = node.width
+        if node.kind and cycle > node.max_open:
+            raise ValueError(
+                f"num_parallel_reads={cycle} keeps {cycle} {node.kind}-compressed files open, "
+                f"more than options.experimental_max_open_files = {node.max_open}, and a "
+                "compressed file cannot be reopened where it was left without decompressing "
+                f"all before it; read at most {node.max_open} files at a time, or raise the "
+                f"limit (options.experimental_max_open_files = {cycle})"
+            )
+        self._readers: list[RecordReader | None] = [None] * cycle  # open ones, per slot
+        self._read_at = [0] * cycle  # when each slot was last read (`seen`): the LRU order
         state = state or {}
         self.next_file = int(state.get("next_file", 0))
         self.cycle_index = int(state.get("cycle_index", 0))
         self.seen = int(state.get("seen", 0))  # records passed over, when sharding by record
-        self.slots: list[Any] = [None] * node.cycle  # (file index, reader) per open file
-        self._saved: list[list[int] | None] = [None] * node.cycle
-        for i, saved in enumerate(state.get("slots", [])):
-            if saved is not None:
-                position, offset = int(saved[0]), int(saved[1])
-                self.slots[i] = (position, self._open(position, offset))
-                self._saved[i] = [position, offset]
-
-    def _open(self, position: int, offset: int) -> RecordReader:
-        node = self.node
-        return RecordReader(self.files[position], node.kind, node.buffer_size, offset)
+        self._saved: list[list[int] | None] = [None] * cycle  # [file index, offset] per slot
+        saved = list(state.get("slots", [None] * cycle))
+        if len(saved) != cycle or not 0 <= self.cycle_index < cycle:
+            raise ValueError(
+                f"the state reads {len(saved)} files at a time where this source reads "
+                f"{cycle}; restore a state saved from the same pipeline"
+            )
+        for i, slot in enumerate(saved):
+            if slot is not None:
+                self._saved[i] = [int(slot[0]), int(slot[1])]
 
     def _mine(self) -> bool:
         """Whether the next record is this process's, when sharding by record."""
@@ -137,33 +177,49 @@ class _RecordCursor:
         return (self.seen // share.block) % share.count == share.index
 
     def __next__(self) -> bytes:
-        slots = self.slots
+        saved = self._saved
         while True:
             index = self.cycle_index
-            slot = slots[index]
+            slot = saved[index]
             if slot is None:
                 if self.next_file < len(self.files):
-                    position = self.next_file
-                    slots[index] = (position, self._open(position, 0))
-                    self._saved[index] = [position, 0]
+                    saved[index] = [self.next_file, 0]
                     self.next_file += 1
                     continue
-                if all(slot is None for slot in slots):
+                if all(slot is None for slot in saved):
                     raise StopIteration
                 self.cycle_index = (index + 1) % self._cycle
                 continue
-            position, reader = slot
+            position, offset = slot
+            reader = self._readers[index]
+            if reader is None:
+                reader = self._open(index, position, offset)
             mine = self._share is None or self._mine()
             record = reader.read() if mine else (b"" if reader.skip() else None)
             self.cycle_index = (index + 1) % self._cycle
             if record is None:  # this file is done: its slot takes the next file
                 reader.close()
-                slots[index] = self._saved[index] = None
+                self._readers[index] = saved[index] = None
                 continue
             self.seen += 1
-            self._saved[index] = [position, reader.offset]
+            self._read_at[index] = self.seen
+            saved[index] = [position, reader.offset]
             if mine:
                 return record
+
+    def _open(self, index: int, position: int, offset: int) -> RecordReader:
+        """Slot `index`'s reader of file `position` at `offset`, the least recently read
+        one closed first if `node.max_open` are open."""
+        readers = self._readers
+        open_slots = [i for i, reader in enumerate(readers) if reader is not None]
+        if len(open_slots) >= self.node.max_open:
+            oldest = min(open_slots, key=self._read_at.__getitem__)
+            readers[oldest].close()  # type: ignore[union-attr]
+            readers[oldest] = None
+        node = self.node
+        reader = RecordReader(self.files[position], node.kind, node.buffer_size, offset)
+        readers[index] = reader
+        return reader
 
     def state(self) -> dict:
         return {
@@ -172,6 +228,11 @@ class _RecordCursor:
             "seen": self.seen,
             "slots": self._saved.copy(),
         }
+
+    def __del__(self) -> None:
+        for reader in getattr(self, "_readers", ()):
+            if reader is not None:
+                reader.close()
 
 
 def split_node(

@@ -51,7 +51,9 @@ def parallel_reads(value: Any) -> int:
     if value is None:
         return 1
     if value == executors.AUTOTUNE:
-        return os.cpu_count() or 1  # as tf.data: the order then depends on the machine
+        # As tf.data: the CPUs this process may use. The order follows the width, which
+        # iterator states record: a restore on another machine reads at the saved width.
+        return executors.cpu_count()
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(
             f"num_parallel_reads must be None, AUTOTUNE or an int >= 1, got {value!r}; "
@@ -71,7 +73,9 @@ def TFRecordDataset(
     Every record's length and data checksums (masked CRC-32C) are verified; a truncated or
     corrupt record raises `DataLossError` naming the file and the byte offset, never a
     wrong element. The dataset streams; its iterator state holds each open file's index
-    and byte offset, so a restored iterator continues at the next record. In a
+    and byte offset, so a restored iterator continues at the next record, and what
+    decides the order (the files' names and sizes, the width): a restore over other files,
+    or at another width given as a number, raises an error naming the difference. In a
     multi-process job `fit` and `experimental_distribute_dataset` give each process its
     files, or its records when there are fewer files than processes
     (`Options().experimental_distribute.auto_shard_policy`; see docs/records.md).
@@ -83,8 +87,10 @@ def TFRecordDataset(
         of paths (read once, now).
       compression_type: None or "" (none), "GZIP" or "ZLIB".
       buffer_size: bytes read from disk at a time (default 256 KiB).
-      num_parallel_reads: None reads the files one after the other; N (or AUTOTUNE, the CPU
-        count) interleaves N files, one record from each in turn, as tf.data does.
+      num_parallel_reads: None reads the files one after the other; N interleaves N
+        files, one record from each in turn, as tf.data does. AUTOTUNE is the number of
+        CPUs this process may use (its affinity); an iterator state saved with it restores
+        at the saved width on any machine, so the order continues exactly.
 
     Returns:
       A `Dataset` of `bytes` (tf.data's is a Dataset subclass; here a function builds it).
@@ -111,5 +117,6 @@ def TFRecordDataset(
         compression(compression_type),
         None if not buffer_size else int(buffer_size),
         parallel_reads(num_parallel_reads),
+        auto=num_parallel_reads is not None and num_parallel_reads == executors.AUTOTUNE,
     )
     return Dataset(node)
