@@ -1,5 +1,5 @@
 """tf.data.experimental's names that phalanx has: `AUTOTUNE`, `AutoShardPolicy`,
-`DistributeOptions`.
+`DistributeOptions`, `assert_cardinality`.
 
 Example:
   >>> options = phalanx.data.Options()
@@ -7,6 +7,7 @@ Example:
   ...     phalanx.data.experimental.AutoShardPolicy.DATA)
 """
 
+from phalanx._src.data.dataset_sequence import assert_cardinality as assert_cardinality
 from phalanx._src.data.executors import AUTOTUNE as AUTOTUNE
 from phalanx._src.data.options import AutoShardPolicy as AutoShardPolicy
 from phalanx._src.data.options import DistributeOptions as DistributeOptions
@@ -15,4 +16,5 @@ __all__ = [
     "AUTOTUNE",
     "AutoShardPolicy",
     "DistributeOptions",
+    "assert_cardinality",
 ]

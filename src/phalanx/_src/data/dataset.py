@@ -18,11 +18,17 @@ from phalanx._src.data import (
     plan,
     stream,
     stream_combine,
+    stream_nested,
+    stream_scan,
     validation,
+    window_ops,
 )
 from phalanx._src.data.dataset_map import DatasetMap
+from phalanx._src.data.dataset_mix import DatasetMix
 from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
+from phalanx._src.data.dataset_sequence import DatasetSequence
 from phalanx._src.data.dataset_tf import DatasetTF
+from phalanx._src.data.dataset_windows import DatasetWindows
 from phalanx._src.data.iterator import DatasetIterator
 from phalanx._src.data.options import Options
 from phalanx._src.data.stream_nested import StreamBatch
@@ -38,10 +44,27 @@ _INDEX_VIEW_NODES = (
     index_ops.Batch,
     combine_ops.Skip,
 )
+# Ops whose elements are made anew from their input's: a batch below them made no element.
+_NEW_ELEMENTS = (
+    stream_nested.Unbatch,
+    stream_nested.FlatMap,
+    stream_nested.Interleave,
+    window_ops.Window,
+    window_ops.GroupByWindow,
+    stream_scan.Scan,
+)
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 
 
-class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: plain Keras's x
+class Dataset(
+    DatasetOps,
+    DatasetSequence,
+    DatasetWindows,
+    DatasetMix,
+    DatasetTF,
+    DatasetMap,
+    KerasInput,  # plain Keras's x
+):
     """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
 
     Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
@@ -168,13 +191,12 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: pla
         """Repeats the dataset `count` times (forever when None or -1), reshuffling each time.
 
         After `repeat()` the cardinality is infinite and batches may straddle epochs, as in
-        tf.data; use `batch(...).repeat()` to keep epochs apart.
+        tf.data; use `batch(...).repeat()` to keep epochs apart. An empty dataset repeated
+        is empty, as in tf.data.
         """
         if count is None or count == -1:
             if self._streaming:
                 return self._then(stream_combine.StreamRepeat(self._node, None))
-            if self._node.length == 0:
-                raise ValueError("repeat() of an empty dataset would never yield anything.")
             return self._then(index_ops.Repeat(self._node, None))
         if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
             raise ValueError(f"count must be None, -1 or >= 0, got {count!r}; e.g. repeat(2).")
@@ -192,20 +214,15 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: pla
         Batching a batched dataset nests, as in tf.data: `batch(2).batch(3)` yields arrays of
         shape (3, 2, ...); every inner batch of an outer one must then be full (use
         `drop_remainder=True` on the inner batch when the row count is not a multiple).
+        Fewer elements than `batch_size` with `drop_remainder=True` yield no batch, as in
+        tf.data (`fit` and `evaluate` refuse a dataset with no batch, with a clear error).
 
         Raises:
-          ValueError: batch_size <= 0 or a result with no batches.
+          ValueError: batch_size <= 0.
         """
         size = validation.check_batch_size(batch_size)
         if self._streaming:
             return self._then(StreamBatch(self._node, size, bool(drop_remainder)))
-        n = self._node.length
-        if n is not None and (n == 0 or (drop_remainder and n < size)):
-            raise ValueError(
-                f"batch({size}, drop_remainder={drop_remainder}) of a dataset with {n} "
-                f"elements yields no batches; use a batch_size <= {n} or "
-                "drop_remainder=False."
-            )
         return self._then(index_ops.Batch(self._node, size, bool(drop_remainder)))
 
     def shard(self, num_shards: int, index: int) -> Dataset:
@@ -290,10 +307,16 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: pla
     # -- properties -------------------------------------------------------------------------
 
     def _batch_node(self) -> index_ops.Batch | StreamBatch | None:
-        """The outermost batch (the global batch of a nested `batch().batch()`)."""
-        batches = (index_ops.Batch, StreamBatch)
-        nodes = [n for n in plan.chain(self._node) if isinstance(n, batches)]
-        return nodes[-1] if nodes else None
+        """The batch that made this dataset's elements (the outermost of a nested
+        `batch().batch()`): the first one down the chain, unless an op that makes new
+        elements out of its input's (unbatch, flat_map, window, ...) comes first."""
+        node = self._node
+        while True:
+            if isinstance(node, index_ops.Batch | StreamBatch):
+                return node
+            if not hasattr(node, "parent") or isinstance(node, _NEW_ELEMENTS):
+                return None
+            node = node.parent
 
     @property
     def batch_size(self) -> int | None:
@@ -317,21 +340,21 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, KerasInput):  # KerasInput: pla
     def cardinality(self) -> float:
         """Elements (batches, once batched) per epoch; `math.inf` after `repeat()`.
 
-        After a streaming op (filter, from_generator, ...) it is tf.data's
-        UNKNOWN_CARDINALITY, -2: the length is known only by iterating.
+        Where only iterating tells (after filter, from_generator, flat_map, ...) it is
+        tf.data's UNKNOWN_CARDINALITY, -2; streaming ops that keep or compute their input's
+        count (map, batch, take, window, ...) keep it known, with tf.data's rules, and
+        `experimental.assert_cardinality` states it.
         """
-        if self._streaming:
-            return UNKNOWN_CARDINALITY
-        n = self._node.length
-        return math.inf if n is None else n
+        n = self._node.cardinality
+        return UNKNOWN_CARDINALITY if n is None else n
 
     def __len__(self) -> int:
-        if self._streaming:
-            raise TypeError("the dataset's length is unknown (filter, from_generator, ...).")
-        n = self._node.length
+        n = self._node.cardinality
         if n is None:
+            raise TypeError("the dataset's length is unknown (filter, from_generator, ...).")
+        if n == math.inf:
             raise TypeError("the dataset is infinite (repeat()); use .cardinality instead.")
-        return n
+        return int(n)
 
     @property
     def num_workers(self) -> int:

@@ -95,7 +95,8 @@ class DatasetTF:
             if node.length == 0:
                 raise ValueError("element_spec of an empty dataset is unknown")
             element = plan.element(node, (0,), 0)
-        batched = node.level == 1 and not self.drop_remainder  # type: ignore[attr-defined]
+        # A batch's first dimension is None unless it drops the remainder (as tf.data's).
+        batched = self.batch_size is not None and not self.drop_remainder  # type: ignore[attr-defined]
         return jax.tree.map(lambda a: spec_of(a, batched), element)
 
     def options(self) -> Options:

@@ -189,6 +189,10 @@ class ParallelStreamMap(Stream):
     workers: int  # 0: inline; N threads; AUTOTUNE
     tuner: Any = None  # the AUTOTUNE decision, shared by this node's iterations
 
+    @property
+    def cardinality(self) -> float | None:
+        return self.parent.cardinality
+
     def open(self, key: tuple[int, ...], state: dict | None) -> Any:
         return _ParallelMapCursor(self, key, state)
 
@@ -231,16 +235,16 @@ class _ParallelMapCursor:
             out = stream.call(self.node.fn, element)
         return validation.to_numpy_tree(out, "map output")
 
-    def _call_task(self, elements: list, first: int) -> tuple[list, _Raised | None, float]:
-        """Maps consecutive elements in a worker thread: their results, the exception of
-        the first that raised (the later ones are not mapped), and the seconds it took."""
+    def _call_task(self, elements: list, first: int) -> tuple[list, float]:
+        """Maps consecutive elements in a worker thread: their results (a `_Raised` for
+        each that raised) and the seconds it took."""
         began, results = time.perf_counter(), []
         for offset, element in enumerate(elements):
             try:
                 results.append(self._call(element, first + offset))
             except Exception as error:  # raised in the consumer when it reaches the element
-                return results, _Raised(error), time.perf_counter() - began
-        return results, None, time.perf_counter() - began
+                results.append(_Raised(error))
+        return results, time.perf_counter() - began
 
     def _fill(self) -> None:
         if self._pool is None and self._pending:
@@ -280,9 +284,13 @@ class _ParallelMapCursor:
             if self._pool is not None:  # AUTOTUNE settled inline: no idle threads kept
                 self.close()
             element = next(self.parent)  # StopIteration ends the iteration
-            result = self._call(element, self._read)
             self._read += 1
             self._parent_state = self.parent.state()
+            try:
+                result = self._call(element, self._read - 1)
+            except Exception:
+                self.position += 1  # the element is passed: the next call maps the one after
+                raise
         else:
             if not self._ready:
                 self._fill()
@@ -291,18 +299,23 @@ class _ParallelMapCursor:
                     raise StopIteration
                 future, states = self._pending.popleft()
                 try:
-                    results, raised, seconds = future.result()
+                    results, seconds = future.result()
                 except BaseException:
                     self.close()  # a traceback may keep this cursor alive: stop its threads now
                     raise
                 self._learn(len(results), seconds)
-                self._ready.extend(zip(results, states, strict=False))
-                if raised is not None:
-                    self._ready.append((raised, states[len(results)]))
+                self._ready.extend(zip(results, states, strict=True))
                 self._fill()
             result, self._parent_state = self._ready.popleft()
             if isinstance(result, _Raised):
-                self.close()
+                # The element is passed, as a tf.data iterator goes on after an error (and
+                # `ignore_errors` drops it). A traceback may keep this cursor alive: its
+                # threads stop once their queued tasks are done, and the next call starts
+                # new ones.
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                    self._pool = None
+                self.position += 1
                 raise result.error
         self.position += 1
         self._tune()
