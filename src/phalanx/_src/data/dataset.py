@@ -119,14 +119,15 @@ class Dataset(
           An unbatched Dataset; call `.batch(n)` before feeding a model.
 
         Raises:
-          ValueError: ragged leaves, first dimensions that disagree, a scalar, no rows.
+          ValueError: ragged leaves, first dimensions that disagree, a scalar. No rows is
+            an empty dataset, as in tf.data (`fit` refuses it).
 
         Example:
           >>> ds = Dataset.from_tensor_slices({"image": x, "label": y})
           >>> words = Dataset.from_tensor_slices(["the", "cat"])   # yields "the", "cat"
         """
         xy = type(tensors) is tuple and 2 <= len(tensors) <= 3  # Named x, y, sample_weight.
-        return cls._from_arrays(tensors, "x" if xy else "tensors")
+        return cls._from_arrays(tensors, "x" if xy else "tensors", allow_empty=True)
 
     @classmethod
     def from_tensors(cls, tensors: Any) -> Dataset:
@@ -140,10 +141,10 @@ class Dataset(
         return cls(plan.Source(rows, treedef))
 
     @classmethod
-    def _from_arrays(cls, tensors: Any, root: str) -> Dataset:
+    def _from_arrays(cls, tensors: Any, root: str, allow_empty: bool = False) -> Dataset:
         named, treedef = device_batch.named_leaves(tensors, root)
         arrays = [(name, validation.to_numpy(name, leaf)) for name, leaf in named]
-        validation.check_rows(arrays)
+        validation.check_rows(arrays, allow_empty)
         return cls(plan.Source([a for _, a in arrays], treedef))
 
     def _then(self, node: plan.Node) -> Dataset:

@@ -232,7 +232,7 @@ def dense(batch: Any) -> Any:
                     f"batch() got elements of different shapes {found} in leaf {i}; use "
                     "padded_batch() to pad them to a common shape"
                 )
-            leaf = np.stack(list(leaf))
+            leaf = np.stack(list(leaf)) if len(leaf) else np.asarray(leaf)
         out.append(leaf)
     return treedef.unflatten(out)
 

@@ -125,9 +125,9 @@ class _ChooseCursor:
             try:
                 return next(inputs[index])
             except StopIteration:
-                if self.node.stop_on_empty:
-                    raise
                 self.ended[index] = True
+                if self.node.stop_on_empty:  # ended for good: later calls end too
+                    self.ended = [True] * len(inputs)
         raise StopIteration
 
     def state(self) -> dict:
@@ -138,7 +138,7 @@ def _index(value: Any, count: int) -> int:
     index = np.asarray(value)
     if index.shape != () or index.dtype.kind not in "iu" or not 0 <= int(index) < count:
         raise ValueError(
-            f"choose_from_datasets: the choice dataset yielded {value!r}; its elements must be "
+            f"choose_from_datasets: the choice dataset yielded {index.tolist()!r}; its elements must be "
             f"scalar integers in [0, {count}), one index into `datasets` each"
         )
     return int(index)

@@ -39,6 +39,12 @@ def concat(level: int, parts: list[Any]) -> Any:
         return parts[0]
     if level == 1:
         return [batch for part in parts for batch in part]
+    structures = {jax.tree.structure(part) for part in parts}
+    if len(structures) > 1:
+        raise ValueError(
+            "elements of different structures were joined (concatenate() needs datasets "
+            f"whose elements have one structure, as tf.data's): {sorted(map(str, structures))}"
+        )
     return jax.tree.map(lambda *arrays: join(arrays), *parts)
 
 
@@ -47,6 +53,15 @@ def join(arrays: Any) -> np.ndarray:
     if len({a.shape[1:] for a in arrays}) == 1 and not any(is_ragged(a) for a in arrays):
         return np.concatenate(arrays)
     return ragged([row for a in arrays for row in as_rows(a)])
+
+
+class Ragged(np.ndarray):
+    """A 1-d object array of elements' leaves that do not stack (`ragged`).
+
+    A subclass marks it (indexing, reshaping and pickling keep it): an object array of
+    arrays given by the user stays what it is, legal on the host as tf.data's `as_numpy`
+    object arrays are.
+    """
 
 
 def ragged(rows: Any) -> np.ndarray:
@@ -59,18 +74,12 @@ def ragged(rows: Any) -> np.ndarray:
     out = np.empty(len(rows), dtype=object)
     for i, row in enumerate(rows):
         out[i] = row
-    return out
+    return out.view(Ragged)
 
 
 def is_ragged(leaf: Any) -> bool:
     """Whether a stacked leaf holds elements of different shapes (see `ragged`)."""
-    return (
-        isinstance(leaf, np.ndarray)
-        and leaf.dtype == object
-        and leaf.ndim == 1
-        and len(leaf) > 0
-        and isinstance(leaf[0], np.ndarray)
-    )
+    return isinstance(leaf, Ragged)
 
 
 def as_rows(leaf: np.ndarray) -> np.ndarray:

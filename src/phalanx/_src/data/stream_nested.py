@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from phalanx._src.data import validation
+from phalanx._src.data import index_ops, validation
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.stream import Stream, _Cursor, _get, call, open_node
 from phalanx._src.strategy import device_batch
@@ -140,6 +140,18 @@ class Unbatch(Stream):
 
     level = 0
 
+    @property
+    def cardinality(self) -> float | None:
+        # Known where tf.data knows the rows of an element: right after a batch of a fixed
+        # size (drop_remainder=True), whose elements all hold `size` rows.
+        n, parent = self.parent.cardinality, self.parent
+        fixed = isinstance(parent, index_ops.Batch | StreamBatch) and parent.drop_remainder
+        if n is None or not fixed or parent.split is not None:
+            return None
+        if isinstance(parent, Rebatch) and len(set(parent.sizes)) > 1:
+            return None
+        return n * parent.size
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _UnbatchCursor(self, key, state)
 
@@ -177,14 +189,14 @@ class _Inside:
 
 
 class _Rows:
-    def __init__(self, batch: Any, row: int) -> None:
+    def __init__(self, batch: Any, row: int, op: str = "unbatch") -> None:
         self.leaves, self.treedef = jax.tree.flatten(batch)
         self.row = row
         sizes = sorted({np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in self.leaves})
         if None in sizes or len(sizes) > 1:
             shapes = [np.shape(leaf) for leaf in self.leaves]
             raise ValueError(
-                f"unbatch() splits every leaf of an element along its first axis, so they "
+                f"{op}() splits every leaf of an element along its first axis, so they "
                 f"need one common first dimension; got leaf shapes {shapes}"
             )
         self.rows = sizes[0] if sizes else 0
@@ -236,7 +248,7 @@ class _RebatchCursor(_Inside):
         self.made = int(_get(state, "made"))
 
     def enter(self, element: Any, state: dict | None) -> Any:
-        return _Rows(element, int(_get(state, "row")))
+        return _Rows(element, int(_get(state, "row")), "rebatch")
 
     def __next__(self) -> Any:
         want = self.node.sizes[self.made % len(self.node.sizes)]

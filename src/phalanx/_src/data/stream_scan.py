@@ -114,7 +114,9 @@ class _UniqueCursor:
 
     def _fresh(self, element: Any) -> bool:
         self.read += 1
-        value = element.item() if isinstance(element, np.ndarray | np.generic) else element
+        value = element
+        if isinstance(element, np.ndarray | np.generic) and np.ndim(element) == 0:
+            value = element.item()
         if not isinstance(value, int | str | bytes) or isinstance(value, bool):
             raise TypeError(
                 f"unique() takes scalar integers, strings or bytes, as tf.data does; got "
