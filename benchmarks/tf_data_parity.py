@@ -545,9 +545,8 @@ def main() -> None:
             shown < args.show
         ):
             shown += 1
-            print(
-                f"\nseed {seed}: {' -> '.join(make_pipeline(seed, Dataset, tf.data.Dataset, tf).names)}"
-            )
+            names = make_pipeline(seed, Dataset, tf.data.Dataset, tf).names
+            print(f"\nseed {seed}: {' -> '.join(names)}")
             print(
                 f"  matched={r.matched} resumed={r.resumed} cardinality={r.cardinality} {r.detail}"
             )

@@ -33,7 +33,7 @@ def test_choose_from_datasets_matches_tf_data():
         ValueError, match=r"yielded 2; its elements must be scalar integers in \[0, 2\)"
     ):
         list(Dataset.choose_from_datasets(inputs, _choice([0, 2])))
-    with pytest.raises(TypeError, match="non-empty list of phalanx.data.Dataset"):
+    with pytest.raises(TypeError, match=r"non-empty list of phalanx\.data\.Dataset"):
         Dataset.choose_from_datasets([], _choice([0]))
 
 
@@ -83,7 +83,7 @@ def test_sample_from_datasets_errors():
     ds = Dataset.range(3)
     with pytest.raises(ValueError, match=r"one weight >= 0 per dataset \(2\), not all 0"):
         Dataset.sample_from_datasets([ds, ds], [1.0])
-    with pytest.raises(ValueError, match="not all 0; got \\[0.0, 0.0\\]"):
+    with pytest.raises(ValueError, match=r"not all 0; got \[0\.0, 0\.0\]"):
         Dataset.sample_from_datasets([ds, ds], [0, 0])
     with pytest.raises(TypeError, match="a dataset of weights"):
         Dataset.sample_from_datasets([ds, ds], Dataset.range(2))

@@ -71,7 +71,7 @@ def test_take_while_unique_apply_and_get_single_element():
         TypeError, match=r"apply\(\).s function must return a phalanx.data.Dataset, got list"
     ):
         Dataset.range(2).apply(lambda d: list(d))
-    with pytest.raises(TypeError, match="unique.. takes scalar integers, strings or bytes"):
+    with pytest.raises(TypeError, match=r"unique\(\) takes scalar integers, strings or bytes"):
         list(Dataset.range(4).batch(2).unique())
     with pytest.raises(ValueError, match="take_while's predicate must return a scalar bool"):
         list(Dataset.range(4).batch(2).take_while(lambda b: b > 0))

@@ -138,7 +138,7 @@ def _index(value: Any, count: int) -> int:
     index = np.asarray(value)
     if index.shape != () or index.dtype.kind not in "iu" or not 0 <= int(index) < count:
         raise ValueError(
-            f"choose_from_datasets: the choice dataset yielded {index.tolist()!r}; its elements must be "
-            f"scalar integers in [0, {count}), one index into `datasets` each"
+            f"choose_from_datasets: the choice dataset yielded {index.tolist()!r}; its elements "
+            f"must be scalar integers in [0, {count}), one index into `datasets` each"
         )
     return int(index)
