@@ -243,7 +243,9 @@ class _ParallelMapCursor:
             try:
                 results.append(self._call(element, first + offset))
             except Exception as error:  # raised in the consumer when it reaches the element
-                results.append(_Raised(error))
+                # Without this frame in its traceback: it holds `results`, which holds the
+                # error, a cycle that would keep this cursor and its threads alive.
+                results.append(_Raised(error.with_traceback(error.__traceback__.tb_next)))
         return results, time.perf_counter() - began
 
     def _fill(self) -> None:
@@ -316,7 +318,11 @@ class _ParallelMapCursor:
                     self._pool.shutdown(wait=False)
                     self._pool = None
                 self.position += 1
-                raise result.error
+                error = result.error
+                try:
+                    raise error
+                finally:  # this frame must not hold its own traceback's error (a cycle)
+                    del error, result
         self.position += 1
         self._tune()
         return result
