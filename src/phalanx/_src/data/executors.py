@@ -208,6 +208,29 @@ class _Raised:
     error: Exception
 
 
+def _call(node: ParallelStreamMap, key: tuple[int, ...], element: Any, position: int) -> Any:
+    # The words a random-access map over the same chain uses: the same numbers.
+    with randomness.element_stream(map_words(node, key, position)):
+        out = stream.call(node.fn, element)
+    return validation.to_numpy_tree(out, "map output")
+
+
+def _call_task(
+    node: ParallelStreamMap, key: tuple[int, ...], elements: list, first: int
+) -> tuple[list, float]:
+    """Maps consecutive elements in a worker thread: their results (a `_Raised` for each
+    that raised) and the seconds it took. A function, not a method: an error's traceback
+    holds these frames, and through `results` they hold the error, so they must not hold
+    the cursor, which that cycle would keep alive with its threads."""
+    began, results = time.perf_counter(), []
+    for offset, element in enumerate(elements):
+        try:
+            results.append(_call(node, key, element, first + offset))
+        except Exception as error:  # raised in the consumer when it reaches the element
+            results.append(_Raised(error))
+    return results, time.perf_counter() - began
+
+
 class _ParallelMapCursor:
     def __init__(self, node: ParallelStreamMap, key: tuple[int, ...], state: dict | None) -> None:
         self.node, self.key = node, key
@@ -268,7 +291,7 @@ class _ParallelMapCursor:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     max(self._width, 1), thread_name_prefix=f"phalanx-map-{next(_ids)}"
                 )
-            future = self._pool.submit(self._call_task, elements, self._read)
+            future = self._pool.submit(_call_task, self.node, self.key, elements, self._read)
             self._pending.append((future, states))
             self._read += len(elements)
 
@@ -289,7 +312,7 @@ class _ParallelMapCursor:
             self._read += 1
             self._parent_state = self.parent.state()
             try:
-                result = self._call(element, self._read - 1)
+                result = _call(self.node, self.key, element, self._read - 1)
             except Exception:
                 self.position += 1  # the element is passed: the next call maps the one after
                 raise
@@ -321,7 +344,7 @@ class _ParallelMapCursor:
                 error = result.error
                 try:
                     raise error
-                finally:  # this frame must not hold its own traceback's error (a cycle)
+                finally:  # this frame (it holds the cursor) must not hold its error
                     del error, result
         self.position += 1
         self._tune()
