@@ -27,6 +27,7 @@ DATA_LAYERS = (
     ("dataset",),
     (
         "dataset_ops",
+        "dataset_batches",
         "dataset_tf",
         "dataset_map",
         "dataset_sequence",

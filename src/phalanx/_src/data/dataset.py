@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import secrets
@@ -18,11 +17,9 @@ from phalanx._src.data import (
     plan,
     stream,
     stream_combine,
-    stream_nested,
-    stream_scan,
     validation,
-    window_ops,
 )
+from phalanx._src.data.dataset_batches import DatasetBatches
 from phalanx._src.data.dataset_map import DatasetMap
 from phalanx._src.data.dataset_mix import DatasetMix
 from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
@@ -44,20 +41,12 @@ _INDEX_VIEW_NODES = (
     index_ops.Batch,
     combine_ops.Skip,
 )
-# Ops whose elements are made anew from their input's: a batch below them made no element.
-_NEW_ELEMENTS = (
-    stream_nested.Unbatch,
-    stream_nested.FlatMap,
-    stream_nested.Interleave,
-    window_ops.Window,
-    window_ops.GroupByWindow,
-    stream_scan.Scan,
-)
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 
 
 class Dataset(
     DatasetOps,
+    DatasetBatches,
     DatasetSequence,
     DatasetWindows,
     DatasetMix,
@@ -205,12 +194,20 @@ class Dataset(
             return self._then(stream_combine.StreamRepeat(self._node, int(count)))
         return self._then(index_ops.Repeat(self._node, int(count)))
 
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+    def batch(
+        self,
+        batch_size: int,
+        drop_remainder: bool = False,
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+    ) -> Dataset:
         """Groups consecutive elements into batches of `batch_size` rows.
 
         Args:
           batch_size: rows per batch (the global batch, when distributed).
           drop_remainder: drop a last, shorter batch instead of yielding it.
+          num_parallel_calls, deterministic: accepted for tf.data's sake; a batch is one
+            gather per array (or, after a streaming op, a stack), made in order.
 
         Batching a batched dataset nests, as in tf.data: `batch(2).batch(3)` yields arrays of
         shape (3, 2, ...); every inner batch of an outer one must then be full (use
@@ -221,6 +218,7 @@ class Dataset(
         Raises:
           ValueError: batch_size <= 0.
         """
+        del num_parallel_calls, deterministic
         size = validation.check_batch_size(batch_size)
         if self._streaming:
             return self._then(StreamBatch(self._node, size, bool(drop_remainder)))
@@ -251,91 +249,7 @@ class Dataset(
             return self._then(stream.StreamTake(self._node, int(count)))
         return self._then(index_ops.Take(self._node, int(count)))
 
-    def process_split(self, index: int | None = None, count: int | None = None) -> Dataset:
-        """Yields only this process's part of every global batch, reading only those rows.
-
-        Part `index` of `count` is the slice `ceil_split(len(global_batch), count)[index]`
-        (tf.distribute's rule: ceil(n / count) rows each, the last parts short or empty), so
-        what each global batch holds never depends on the number of processes, and every
-        process yields the same number of (possibly empty) batches. A `map` after `batch`
-        sees only this process's rows (possibly none), so it must work row by row (casts,
-        scaling), not across the batch, for that independence to hold.
-
-        A pipeline over TFRecord files is sharded at the files instead, as tf.data's
-        auto-sharding (`Options().experimental_distribute.auto_shard_policy`): each process
-        reads its files (or its records) and yields batches of global / count rows.
-
-        Args:
-          index: this process's part; defaults to `jax.process_index()`.
-          count: the number of parts; defaults to `jax.process_count()`.
-
-        Raises:
-          ValueError: the dataset is not batched, or index/count are out of range.
-        """
-        if index is None or count is None:
-            import jax  # Only here: reading the process needs the backend.
-
-            index = jax.process_index() if index is None else index
-            count = jax.process_count() if count is None else count
-        count = validation.check_positive(count, "count", "process_split(0, 2)")
-        if not 0 <= index < count:
-            raise ValueError(f"index must be in [0, {count}), got {index}.")
-        batches = (index_ops.Batch, StreamBatch)
-        total = sum(isinstance(n, batches) for n in plan.chain(self._node))
-        if not total:
-            raise ValueError("process_split() splits global batches; call batch() first.")
-        # A source may split the pipeline itself: record files are sharded at the files,
-        # as tf.data's auto-sharding does (records/record_files.py).
-        for node in plan.chain(self._node):
-            hook = getattr(node, "split_processes", None)
-            split = None if hook is None else hook(self._node, self._options, index, count)
-            if split is not None:
-                return self._then(split)
-        seen = itertools.count(1)
-
-        def change(node: plan.Node) -> plan.Node:
-            # Only the outermost batch (the last one, sources first) is the global batch.
-            if not isinstance(node, batches) or next(seen) != total:
-                return node
-            if isinstance(node, index_ops.Batch):
-                return index_ops.Batch(node.parent, node.size, node.drop_remainder, (index, count))
-            if isinstance(node, StreamBatch):
-                return dataclasses.replace(node, split=(index, count))
-            return node
-
-        return self._then(plan.rebuild(self._node, change))
-
     # -- properties -------------------------------------------------------------------------
-
-    def _batch_node(self) -> index_ops.Batch | StreamBatch | None:
-        """The batch that made this dataset's elements (the outermost of a nested
-        `batch().batch()`): the first one down the chain, unless an op that makes new
-        elements out of its input's (unbatch, flat_map, window, ...) comes first."""
-        node = self._node
-        while True:
-            if isinstance(node, index_ops.Batch | StreamBatch):
-                return node
-            if not hasattr(node, "parent") or isinstance(node, _NEW_ELEMENTS):
-                return None
-            node = node.parent
-
-    @property
-    def batch_size(self) -> int | None:
-        """Rows per global batch, or None before `batch`."""
-        node = self._batch_node()
-        return None if node is None else node.size
-
-    @property
-    def drop_remainder(self) -> bool:
-        """Whether a short last batch is dropped (False before `batch`)."""
-        node = self._batch_node()
-        return False if node is None else node.drop_remainder
-
-    @property
-    def split(self) -> tuple[int, int] | None:
-        """(index, count) set by `process_split`, or None."""
-        node = self._batch_node()
-        return None if node is None else node.split
 
     @property
     def cardinality(self) -> float:

@@ -1,4 +1,5 @@
-"""More of tf.data's surface on `Dataset`: `range`, `list_files`, `element_spec`, options.
+"""More of tf.data's surface on `Dataset`: `range`, `list_files`, `as_numpy_iterator`,
+`element_spec`, options.
 
 Mixed into `Dataset` beside `DatasetOps`; see `options` for what each option does here.
 """
@@ -73,6 +74,14 @@ class DatasetTF:
         if shuffle is None or shuffle:
             dataset = dataset.shuffle(len(files), seed=seed)
         return dataset
+
+    def as_numpy_iterator(self) -> Any:
+        """An iterator over the elements, as tf.data's: they are NumPy already.
+
+        Example:
+          >>> [int(x) for x in Dataset.range(3).as_numpy_iterator()]   # [0, 1, 2]
+        """
+        return iter(self)  # type: ignore[call-overload]
 
     @property
     def element_spec(self) -> Any:
