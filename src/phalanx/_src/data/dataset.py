@@ -62,8 +62,9 @@ class Dataset(
     indexing operation per array, an iterator's position (`get_state`) is a few integers,
     and `process_split` reads only this process's rows of each global batch. The ops that
     cannot be index arithmetic (`filter`, `from_generator`, `flat_map`, `interleave`,
-    `unbatch`, `padded_batch`) stream: they read in order, and the position adds their
-    counters (see `dataset_ops`).
+    `unbatch`, `padded_batch`, `window`, `scan`, `ignore_errors`, ...) stream: they read in
+    order, and the position adds their counters (see `dataset_ops`; docs/migration.md
+    lists every tf.data op and how phalanx computes it).
 
     Differences from tf.data, all deliberate: `shuffle` draws a uniform permutation of the
     whole (finite) dataset rather than sampling from a buffer; `map` functions must be pure
@@ -143,8 +144,8 @@ class Dataset(
         if self._streaming:
             raise ValueError(
                 f"{op} needs random access to the elements, which a streaming op (filter, "
-                "from_generator, flat_map, interleave, unbatch, padded_batch) does not give; "
-                f"call {op} before it"
+                "from_generator, flat_map, interleave, unbatch, padded_batch, window, ...) "
+                f"does not give; call {op} before it"
             )
 
     # -- transformations --------------------------------------------------------------------
