@@ -23,7 +23,11 @@ logger = logging.getLogger("phalanx.data")
 
 
 class DroppedElementsWarning(UserWarning):
-    """`ignore_errors()` dropped elements whose computation raised."""
+    """`ignore_errors()` dropped elements whose computation raised.
+
+    Example:
+      >>> warnings.simplefilter("error", phalanx.data.DroppedElementsWarning)  # fail instead
+    """
 
 
 @dataclasses.dataclass(eq=False)
