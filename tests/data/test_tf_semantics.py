@@ -152,6 +152,15 @@ def test_no_batched_state_decides_what_an_op_accepts():
     assert [b.tolist() for b in padded] == [[[0, 0], [2, 3]]]
     # After batch(...).unbatch() the elements are rows: fit needs batch() again.
     assert Dataset.range(4).batch(2).unbatch().batch_size is None
+    # A zip of batches is batched: each process reads its rows of every input's batch.
+    batches = Dataset.range(10).batch(4)
+    zipped = Dataset.zip(batches, batches.map(lambda b: b * 10))
+    assert zipped.batch_size == 4
+    assert [(a.tolist(), b.tolist()) for a, b in zipped.process_split(1, 2)] == [
+        ([2, 3], [20, 30]),
+        ([6, 7], [60, 70]),
+        ([9], [90]),
+    ]
 
 
 def test_zip_of_an_interleave_ends_without_a_runtime_error():

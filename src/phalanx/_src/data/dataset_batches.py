@@ -10,7 +10,15 @@ import dataclasses
 import itertools
 from typing import Any
 
-from phalanx._src.data import index_ops, plan, stream_nested, stream_scan, validation, window_ops
+from phalanx._src.data import (
+    index_ops,
+    mix_ops,
+    plan,
+    stream_nested,
+    stream_scan,
+    validation,
+    window_ops,
+)
 from phalanx._src.data.stream_nested import StreamBatch
 
 # Ops whose elements are made anew from their input's: a batch below them made no element.
@@ -22,6 +30,21 @@ _NEW_ELEMENTS = (
     window_ops.GroupByWindow,
     stream_scan.Scan,
 )
+
+
+def _global_batches(node: plan.Node) -> list[Any]:
+    """The batches that made `node`'s elements: the first batch down the chain (the
+    outermost of a nested `batch().batch()`), in every input of a zip, a concatenate or a
+    mix, unless an op that makes new elements out of its input's (unbatch, flat_map,
+    window, ...) comes first."""
+    if isinstance(node, index_ops.Batch | StreamBatch):
+        return [node]
+    if isinstance(node, _NEW_ELEMENTS):
+        return []
+    inputs = plan.parents(node)
+    if isinstance(node, mix_ops.Choose):
+        inputs = inputs[1:]  # the first is the choice of input
+    return [batch for parent in inputs for batch in _global_batches(parent)]
 
 
 class DatasetBatches:
@@ -62,9 +85,8 @@ class DatasetBatches:
         count = validation.check_positive(count, "count", "process_split(0, 2)")
         if not 0 <= index < count:
             raise ValueError(f"index must be in [0, {count}), got {index}.")
-        batches = (index_ops.Batch, StreamBatch)
-        total = sum(isinstance(n, batches) for n in plan.chain(self._node))
-        if not total:
+        batches = _global_batches(self._node)
+        if not batches:
             raise ValueError("process_split() splits global batches; call batch() first.")
         # A source may split the pipeline itself: record files are sharded at the files,
         # as tf.data's auto-sharding does (records/record_files.py).
@@ -73,31 +95,25 @@ class DatasetBatches:
             split = None if hook is None else hook(self._node, self._options, index, count)
             if split is not None:
                 return self._then(split)
-        seen = itertools.count(1)
+        # `rebuild` shows the nodes in `chain` order: the global batches are at these places.
+        chain = plan.chain(self._node)
+        places = {i for i, node in enumerate(chain) if any(node is b for b in batches)}
+        seen = itertools.count()
 
         def change(node: plan.Node) -> plan.Node:
-            # Only the outermost batch (the last one, sources first) is the global batch.
-            if not isinstance(node, batches) or next(seen) != total:
+            if next(seen) not in places:
                 return node
             if isinstance(node, index_ops.Batch):
                 return index_ops.Batch(node.parent, node.size, node.drop_remainder, (index, count))
-            if isinstance(node, StreamBatch):
-                return dataclasses.replace(node, split=(index, count))
-            return node
+            return dataclasses.replace(node, split=(index, count))
 
         return self._then(plan.rebuild(self._node, change))
 
     def _batch_node(self) -> index_ops.Batch | StreamBatch | None:
         """The batch that made this dataset's elements (the outermost of a nested
-        `batch().batch()`): the first one down the chain, unless an op that makes new
-        elements out of its input's (unbatch, flat_map, window, ...) comes first."""
-        node = self._node
-        while True:
-            if isinstance(node, index_ops.Batch | StreamBatch):
-                return node
-            if not hasattr(node, "parent") or isinstance(node, _NEW_ELEMENTS):
-                return None
-            node = node.parent
+        `batch().batch()`; the first input's, in a zip): see `_global_batches`."""
+        found = _global_batches(self._node)
+        return found[0] if found else None
 
     @property
     def batch_size(self) -> int | None:
