@@ -2,8 +2,9 @@
 `Dataset.random` and `Dataset.counter` (see `mix_ops`).
 
 Mixed into `Dataset`. The random ones draw from a seed; when none is given one is drawn
-from NumPy's global generator (as a shuffle's default seed in `fit`: `seeds`), the same on
-every process, and recorded in iterator states, so a restored iterator draws alike.
+from NumPy's global generator (as a shuffle's default seed in `fit`: `seeds`), and recorded
+in iterator states, so a restored iterator draws alike. With several processes, process 0's
+draw is broadcast to all: every process must then build the dataset, as SPMD programs do.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class DatasetMix:
         Args:
           datasets: the inputs, with elements of one structure.
           weights: one non-negative weight per input (default: equal); normalized.
-          seed: the draws' seed; None draws one (see the module docstring).
+          seed: the draws' seed; None draws one, the same on every process (every process
+            must then build the dataset: process 0's draw is broadcast).
           stop_on_empty_dataset: stop at the first input that ends; by default (as tf.data)
             an ended input is passed over and the others go on.
           rerandomize_each_iteration: draw anew every epoch (default False: the same mix).
