@@ -27,7 +27,16 @@ TRAIN_ROOMS = (
 # listed (readers, adapters, prefetch, images) sit above `dataset` and may import any layer.
 DATA_LAYERS = (
     ("dataset",),
-    ("dataset_ops", "dataset_tf", "dataset_map", "iterator"),
+    (
+        "dataset_ops",
+        "dataset_batches",
+        "dataset_tf",
+        "dataset_map",
+        "dataset_sequence",
+        "dataset_windows",
+        "dataset_mix",
+        "iterator",
+    ),
     (
         "plan",
         "index_ops",
@@ -36,11 +45,16 @@ DATA_LAYERS = (
         "stream",
         "stream_combine",
         "stream_nested",
+        "stream_scan",
+        "stream_checks",
+        "stream_cache",
+        "window_ops",
+        "mix_ops",
         "executors",
         "workers",
         "packing",
     ),
-    ("validation", "options", "autotune", "seeds", "files", "wait"),
+    ("validation", "options", "autotune", "seeds", "files", "wait", "cache_files", "tree_state"),
 )
 
 

@@ -135,7 +135,7 @@ def test_state_is_small_json():
     [
         ({"epoch": 0}, "keys"),
         ({"epoch": 0, "step": 99, "seeds": [1]}, "out of range"),
-        ({"epoch": 0, "step": 1, "seeds": [1, 2]}, "shuffle seeds"),
+        ({"epoch": 0, "step": 1, "seeds": [1, 2]}, "holds 2 seeds"),
         ([0, 1], "keys"),
     ],
 )

@@ -134,7 +134,7 @@ def test_autotune_maps_each_level_on_a_pool_of_its_width(monkeypatch):
             pools.append(workers)
 
         def submit(self, fn, *args):
-            width = max(fn.__self__._width, 1)  # fn: the cursor's _call_task
+            width = max(args[0].tuner.level, 1)  # args[0]: the map node; its tuner's level
             if width != self.width:
                 mismatched.append((self.width, width))
             return super().submit(fn, *args)

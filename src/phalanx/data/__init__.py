@@ -35,6 +35,7 @@ from phalanx._src.data.records.example import string as string
 from phalanx._src.data.records.tfrecord_dataset import TFRecordDataset as TFRecordDataset
 from phalanx._src.data.records.tfrecord_io import DataLossError as DataLossError
 from phalanx._src.data.records.tfrecord_io import TFRecordWriter as TFRecordWriter
+from phalanx._src.data.stream_checks import DroppedElementsWarning as DroppedElementsWarning
 from phalanx._src.data.wait import InputBoundWarning as InputBoundWarning
 from phalanx._src.data.wait import InputWaitMeter as InputWaitMeter
 from phalanx._src.data.workers import RemoteTraceback as RemoteTraceback
@@ -49,6 +50,7 @@ __all__ = [
     "Dataset",
     "DatasetIterator",
     "DevicePrefetcher",
+    "DroppedElementsWarning",
     "FixedLenFeature",
     "InputBoundWarning",
     "InputWaitMeter",

@@ -1,6 +1,6 @@
 """tf.data.experimental's names that phalanx has (`AUTOTUNE`, `AutoShardPolicy`,
-`DistributeOptions`), and sequence packing for transformers (`pack_sequences`,
-`segment_attention_mask`).
+`DistributeOptions`, `assert_cardinality`), and sequence packing for transformers
+(`pack_sequences`, `segment_attention_mask`).
 
 Example:
   >>> options = phalanx.data.Options()
@@ -9,6 +9,7 @@ Example:
   >>> packed = phalanx.data.experimental.pack_sequences(token_ds, 128).batch(32)
 """
 
+from phalanx._src.data.dataset_sequence import assert_cardinality as assert_cardinality
 from phalanx._src.data.executors import AUTOTUNE as AUTOTUNE
 from phalanx._src.data.options import AutoShardPolicy as AutoShardPolicy
 from phalanx._src.data.options import DistributeOptions as DistributeOptions
@@ -19,6 +20,7 @@ __all__ = [
     "AUTOTUNE",
     "AutoShardPolicy",
     "DistributeOptions",
+    "assert_cardinality",
     "pack_sequences",
     "segment_attention_mask",
 ]

@@ -200,9 +200,9 @@ def as_batches(
                     "this Dataset yields single examples; call .batch(n) on it or pass "
                     "batch_size=n."
                 )
-            return data.batch(batch_size, drop_remainder)
+            return _some_batches(data.batch(batch_size, drop_remainder))
         _no_batch_size(batch_size, "a batched Dataset", f"batch({data.batch_size})")
-        return data
+        return _some_batches(data)
     if _is_array_tree(data):
         batch_size = 32 if batch_size is None else batch_size
         validation.check_batch_size(batch_size)
@@ -228,6 +228,18 @@ def as_batches(
         return Batches(data, lambda: iter(data), _torch_batch)
     _no_batch_size(batch_size, "an iterable of batches", "batches of n rows")
     return Batches(data, lambda: iter(data))
+
+
+def _some_batches(dataset: Dataset) -> Dataset:
+    """`dataset`, unless it is known to yield no batch: a pipeline may be empty (tf.data's
+    rule), a model's input may not."""
+    if dataset.cardinality == 0:
+        raise ValueError(
+            f"the dataset yields no batches ({dataset!r}): e.g. batch({dataset.batch_size}, "
+            "drop_remainder=True) of fewer elements, take(0), or a split with no rows. Use a "
+            "smaller batch_size or drop_remainder=False, or check the data."
+        )
+    return dataset
 
 
 def _no_batch_size(batch_size: int | None, kind: str, fix: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import secrets
@@ -20,9 +19,13 @@ from phalanx._src.data import (
     stream_combine,
     validation,
 )
+from phalanx._src.data.dataset_batches import DatasetBatches
 from phalanx._src.data.dataset_map import DatasetMap
+from phalanx._src.data.dataset_mix import DatasetMix
 from phalanx._src.data.dataset_ops import UNKNOWN_CARDINALITY, DatasetOps
+from phalanx._src.data.dataset_sequence import DatasetSequence
 from phalanx._src.data.dataset_tf import DatasetTF
+from phalanx._src.data.dataset_windows import DatasetWindows
 from phalanx._src.data.iterator import DatasetIterator
 from phalanx._src.data.options import Options
 from phalanx._src.data.saved.dataset_io import DatasetIO
@@ -42,7 +45,17 @@ _INDEX_VIEW_NODES = (
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 
 
-class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # KerasInput: Keras's x
+class Dataset(
+    DatasetOps,
+    DatasetBatches,
+    DatasetSequence,
+    DatasetWindows,
+    DatasetMix,
+    DatasetTF,
+    DatasetMap,
+    DatasetIO,
+    KerasInput,  # plain Keras's x
+):
     """An input pipeline a tf.data user recognizes, yielding NumPy pytrees.
 
     Build one with `Dataset.from_tensor_slices`, chain transformations (each returns a new
@@ -51,8 +64,9 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
     indexing operation per array, an iterator's position (`get_state`) is a few integers,
     and `process_split` reads only this process's rows of each global batch. The ops that
     cannot be index arithmetic (`filter`, `from_generator`, `flat_map`, `interleave`,
-    `unbatch`, `padded_batch`) stream: they read in order, and the position adds their
-    counters (see `dataset_ops`).
+    `unbatch`, `padded_batch`, `window`, `scan`, `ignore_errors`, ...) stream: they read in
+    order, and the position adds their counters (see `dataset_ops`; docs/migration.md
+    lists every tf.data op and how phalanx computes it).
 
     Differences from tf.data, all deliberate: `shuffle` draws a uniform permutation of the
     whole (finite) dataset rather than sampling from a buffer; `map` functions must be pure
@@ -97,14 +111,15 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
           An unbatched Dataset; call `.batch(n)` before feeding a model.
 
         Raises:
-          ValueError: ragged leaves, first dimensions that disagree, a scalar, no rows.
+          ValueError: ragged leaves, first dimensions that disagree, a scalar. No rows is
+            an empty dataset, as in tf.data (`fit` refuses it).
 
         Example:
           >>> ds = Dataset.from_tensor_slices({"image": x, "label": y})
           >>> words = Dataset.from_tensor_slices(["the", "cat"])   # yields "the", "cat"
         """
         xy = type(tensors) is tuple and 2 <= len(tensors) <= 3  # Named x, y, sample_weight.
-        return cls._from_arrays(tensors, "x" if xy else "tensors")
+        return cls._from_arrays(tensors, "x" if xy else "tensors", allow_empty=True)
 
     @classmethod
     def from_tensors(cls, tensors: Any) -> Dataset:
@@ -118,10 +133,10 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
         return cls(plan.Source(rows, treedef))
 
     @classmethod
-    def _from_arrays(cls, tensors: Any, root: str) -> Dataset:
+    def _from_arrays(cls, tensors: Any, root: str, allow_empty: bool = False) -> Dataset:
         named, treedef = device_batch.named_leaves(tensors, root)
         arrays = [(name, validation.to_numpy(name, leaf)) for name, leaf in named]
-        validation.check_rows(arrays)
+        validation.check_rows(arrays, allow_empty)
         return cls(plan.Source([a for _, a in arrays], treedef))
 
     def _then(self, node: plan.Node) -> Dataset:
@@ -131,8 +146,8 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
         if self._streaming:
             raise ValueError(
                 f"{op} needs random access to the elements, which a streaming op (filter, "
-                "from_generator, flat_map, interleave, unbatch, padded_batch) does not give; "
-                f"call {op} before it"
+                "from_generator, flat_map, interleave, unbatch, padded_batch, window, ...) "
+                f"does not give; call {op} before it"
             )
 
     # -- transformations --------------------------------------------------------------------
@@ -169,13 +184,12 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
         """Repeats the dataset `count` times (forever when None or -1), reshuffling each time.
 
         After `repeat()` the cardinality is infinite and batches may straddle epochs, as in
-        tf.data; use `batch(...).repeat()` to keep epochs apart.
+        tf.data; use `batch(...).repeat()` to keep epochs apart. An empty dataset repeated
+        is empty, as in tf.data.
         """
         if count is None or count == -1:
             if self._streaming:
                 return self._then(stream_combine.StreamRepeat(self._node, None))
-            if self._node.length == 0:
-                raise ValueError("repeat() of an empty dataset would never yield anything.")
             return self._then(index_ops.Repeat(self._node, None))
         if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
             raise ValueError(f"count must be None, -1 or >= 0, got {count!r}; e.g. repeat(2).")
@@ -183,30 +197,34 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
             return self._then(stream_combine.StreamRepeat(self._node, int(count)))
         return self._then(index_ops.Repeat(self._node, int(count)))
 
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+    def batch(
+        self,
+        batch_size: int,
+        drop_remainder: bool = False,
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+    ) -> Dataset:
         """Groups consecutive elements into batches of `batch_size` rows.
 
         Args:
           batch_size: rows per batch (the global batch, when distributed).
           drop_remainder: drop a last, shorter batch instead of yielding it.
+          num_parallel_calls, deterministic: accepted for tf.data's sake; a batch is one
+            gather per array (or, after a streaming op, a stack), made in order.
 
         Batching a batched dataset nests, as in tf.data: `batch(2).batch(3)` yields arrays of
         shape (3, 2, ...); every inner batch of an outer one must then be full (use
         `drop_remainder=True` on the inner batch when the row count is not a multiple).
+        Fewer elements than `batch_size` with `drop_remainder=True` yield no batch, as in
+        tf.data (`fit` and `evaluate` refuse a dataset with no batch, with a clear error).
 
         Raises:
-          ValueError: batch_size <= 0 or a result with no batches.
+          ValueError: batch_size <= 0.
         """
+        del num_parallel_calls, deterministic
         size = validation.check_batch_size(batch_size)
         if self._streaming:
             return self._then(StreamBatch(self._node, size, bool(drop_remainder)))
-        n = self._node.length
-        if n is not None and (n == 0 or (drop_remainder and n < size)):
-            raise ValueError(
-                f"batch({size}, drop_remainder={drop_remainder}) of a dataset with {n} "
-                f"elements yields no batches; use a batch_size <= {n} or "
-                "drop_remainder=False."
-            )
         return self._then(index_ops.Batch(self._node, size, bool(drop_remainder)))
 
     def shard(self, num_shards: int, index: int) -> Dataset:
@@ -234,105 +252,27 @@ class Dataset(DatasetOps, DatasetTF, DatasetMap, DatasetIO, KerasInput):  # Kera
             return self._then(stream.StreamTake(self._node, int(count)))
         return self._then(index_ops.Take(self._node, int(count)))
 
-    def process_split(self, index: int | None = None, count: int | None = None) -> Dataset:
-        """Yields only this process's part of every global batch, reading only those rows.
-
-        Part `index` of `count` is the slice `ceil_split(len(global_batch), count)[index]`
-        (tf.distribute's rule: ceil(n / count) rows each, the last parts short or empty), so
-        what each global batch holds never depends on the number of processes, and every
-        process yields the same number of (possibly empty) batches. A `map` after `batch`
-        sees only this process's rows (possibly none), so it must work row by row (casts,
-        scaling), not across the batch, for that independence to hold.
-
-        A pipeline over TFRecord files is sharded at the files instead, as tf.data's
-        auto-sharding (`Options().experimental_distribute.auto_shard_policy`): each process
-        reads its files (or its records) and yields batches of global / count rows.
-
-        Args:
-          index: this process's part; defaults to `jax.process_index()`.
-          count: the number of parts; defaults to `jax.process_count()`.
-
-        Raises:
-          ValueError: the dataset is not batched, or index/count are out of range.
-        """
-        if index is None or count is None:
-            import jax  # Only here: reading the process needs the backend.
-
-            index = jax.process_index() if index is None else index
-            count = jax.process_count() if count is None else count
-        count = validation.check_positive(count, "count", "process_split(0, 2)")
-        if not 0 <= index < count:
-            raise ValueError(f"index must be in [0, {count}), got {index}.")
-        batches = (index_ops.Batch, StreamBatch)
-        total = sum(isinstance(n, batches) for n in plan.chain(self._node))
-        if not total:
-            raise ValueError("process_split() splits global batches; call batch() first.")
-        # A source may split the pipeline itself: record files are sharded at the files,
-        # as tf.data's auto-sharding does (records/record_files.py).
-        for node in plan.chain(self._node):
-            hook = getattr(node, "split_processes", None)
-            split = None if hook is None else hook(self._node, self._options, index, count)
-            if split is not None:
-                return self._then(split)
-        seen = itertools.count(1)
-
-        def change(node: plan.Node) -> plan.Node:
-            # Only the outermost batch (the last one, sources first) is the global batch.
-            if not isinstance(node, batches) or next(seen) != total:
-                return node
-            if isinstance(node, index_ops.Batch):
-                return index_ops.Batch(node.parent, node.size, node.drop_remainder, (index, count))
-            if isinstance(node, StreamBatch):
-                return dataclasses.replace(node, split=(index, count))
-            return node
-
-        return self._then(plan.rebuild(self._node, change))
-
     # -- properties -------------------------------------------------------------------------
-
-    def _batch_node(self) -> index_ops.Batch | StreamBatch | None:
-        """The outermost batch (the global batch of a nested `batch().batch()`)."""
-        batches = (index_ops.Batch, StreamBatch)
-        nodes = [n for n in plan.chain(self._node) if isinstance(n, batches)]
-        return nodes[-1] if nodes else None
-
-    @property
-    def batch_size(self) -> int | None:
-        """Rows per global batch, or None before `batch`."""
-        node = self._batch_node()
-        return None if node is None else node.size
-
-    @property
-    def drop_remainder(self) -> bool:
-        """Whether a short last batch is dropped (False before `batch`)."""
-        node = self._batch_node()
-        return False if node is None else node.drop_remainder
-
-    @property
-    def split(self) -> tuple[int, int] | None:
-        """(index, count) set by `process_split`, or None."""
-        node = self._batch_node()
-        return None if node is None else node.split
 
     @property
     def cardinality(self) -> float:
         """Elements (batches, once batched) per epoch; `math.inf` after `repeat()`.
 
-        After a streaming op (filter, from_generator, ...) it is tf.data's
-        UNKNOWN_CARDINALITY, -2: the length is known only by iterating.
+        Where only iterating tells (after filter, from_generator, flat_map, ...) it is
+        tf.data's UNKNOWN_CARDINALITY, -2; streaming ops that keep or compute their input's
+        count (map, batch, take, window, ...) keep it known, with tf.data's rules, and
+        `experimental.assert_cardinality` states it.
         """
-        if self._streaming:
-            return UNKNOWN_CARDINALITY
-        n = self._node.length
-        return math.inf if n is None else n
+        n = self._node.cardinality
+        return UNKNOWN_CARDINALITY if n is None else n
 
     def __len__(self) -> int:
-        if self._streaming:
-            raise TypeError("the dataset's length is unknown (filter, from_generator, ...).")
-        n = self._node.length
+        n = self._node.cardinality
         if n is None:
+            raise TypeError("the dataset's length is unknown (filter, from_generator, ...).")
+        if n == math.inf:
             raise TypeError("the dataset is infinite (repeat()); use .cardinality instead.")
-        return n
+        return int(n)
 
     @property
     def num_workers(self) -> int:

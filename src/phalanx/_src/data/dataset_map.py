@@ -6,11 +6,13 @@ when iterating (`executors`).
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._src.data import element_ops, executors, plan, validation
+from phalanx._src.data import element_ops, executors, plan, stream_cache, validation
 
 AUTOTUNE = executors.AUTOTUNE  # as tf.data.AUTOTUNE: measured, see `autotune`
 _WORKER_KINDS = ("thread", "process")
@@ -26,9 +28,6 @@ class DatasetMap:
     _parked: list[Any] | None = None  # [worker processes kept between epochs]
 
     def _then(self, node: plan.Node) -> Any:
-        raise NotImplementedError
-
-    def _needs_random_access(self, op: str) -> None:
         raise NotImplementedError
 
     def map(
@@ -154,15 +153,33 @@ class DatasetMap:
             raise ValueError("with_workers() runs maps in processes; this dataset has no map()")
         return self._then(plan.rebuild(self._node, change))
 
-    def cache(self) -> Any:
+    def cache(self, filename: str = "") -> Any:
         """Keeps every element the first time it is computed, so later epochs skip `map`.
 
-        Cache after an expensive `map` and before `shuffle`/`repeat`.
+        Cache after an expensive `map` and before `shuffle`/`repeat`. After any op: over
+        random access (map, shuffle, batch, ...) each element is kept when first computed;
+        after a streaming op (filter, flat_map, interleave, unbatch, ...) the elements of
+        the first complete pass are kept (`stream_cache`), as in tf.data.
+
+        Args:
+          filename: "" keeps the elements in memory. A path keeps them in the file
+            `filename + ".phalanx-cache"` too, written (atomically) once complete and read
+            by later passes and later runs; as in tf.data, the file is not tied to the
+            pipeline that wrote it (delete it when the pipeline changes). It is read with
+            pickle: cache only to files you wrote.
+
+        Raises:
+          ValueError: an infinite dataset (call repeat() after cache()).
+
+        Example:
+          >>> ds.map(decode).cache("/tmp/decoded").shuffle(1000, seed=0).batch(32)
         """
-        self._needs_random_access("cache()")
-        if self._node.length is None:
+        path = os.fspath(filename) or None
+        if self._node.cardinality == math.inf:
             raise ValueError("cache() needs a finite dataset; call repeat() after cache().")
-        return self._then(element_ops.Cache(self._node))
+        if self._streaming:
+            return self._then(stream_cache.StreamCache(self._node, path))
+        return self._then(element_ops.Cache(self._node, path))
 
     def prefetch(self, buffer_size: int) -> Any:
         """Computes up to `buffer_size` elements ahead in a background thread.

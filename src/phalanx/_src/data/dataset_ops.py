@@ -118,26 +118,23 @@ class DatasetOps:
         if len(datasets) < 1 or not all(isinstance(d, DatasetOps) for d in datasets):
             raise TypeError(f"zip() takes phalanx.data.Dataset objects, got {datasets!r}")
         nodes = tuple(d._node for d in datasets)
-        if len({n.level for n in nodes}) > 1:
-            raise ValueError(
-                "zip() needs datasets that are all batched or all unbatched; batch after zip"
-            )
         if any(d._streaming for d in datasets):
             return datasets[0]._then(stream_combine.StreamZip(nodes))
-        return datasets[0]._then(combine_ops.Zip(nodes))
+        return datasets[0]._then(combine_ops.Zip(plan.same_level(nodes)))
 
     def concatenate(self, dataset: Any) -> Any:
-        """This dataset's elements, then `dataset`'s (structures and batching must match)."""
+        """This dataset's elements, then `dataset`'s (their elements of one structure).
+
+        After an infinite dataset (`repeat()`), `dataset` is never reached, as in tf.data.
+        """
         if not isinstance(dataset, DatasetOps):
             raise TypeError(f"concatenate() takes a phalanx.data.Dataset, got {dataset!r}")
-        if self._node.level != dataset._node.level:
-            raise ValueError("concatenate() needs two batched or two unbatched datasets")
         nodes = (self._node, dataset._node)
         if self._streaming or dataset._streaming:
             return self._then(stream_combine.StreamConcatenate(nodes))
         if self._node.length is None:
-            raise ValueError("concatenate() after an infinite dataset (repeat()) never ends it")
-        return self._then(combine_ops.Concatenate(nodes))
+            return self
+        return self._then(combine_ops.Concatenate(plan.same_level(nodes)))
 
     def skip(self, count: int) -> Any:
         """Every element after the first `count` of each epoch (`-1` skips them all)."""
@@ -211,9 +208,9 @@ class DatasetOps:
         return self._then(stream_nested.Interleave(self._node, map_func, cycle, block, auto))
 
     def unbatch(self) -> Any:
-        """Splits every batch back into its rows (the state: the batch and the row in it)."""
-        if self._node.level != 1:
-            raise ValueError("unbatch() needs a batched dataset; call batch() first")
+        """Splits every element along its first axis into rows (the state: the element and
+        the row in it). Every leaf needs that axis, of one length per element.
+        """
         return self._then(stream_nested.Unbatch(self._node))
 
     def padded_batch(
@@ -237,8 +234,6 @@ class DatasetOps:
           >>> ds.padded_batch(32, padded_shapes=([None], []))   # pad token sequences
         """
         size = validation.check_batch_size(batch_size)
-        if self._node.level == 1:
-            raise ValueError("this dataset is already batched; call padded_batch() once")
         return self._then(
             stream_nested.StreamBatch(
                 self._node, size, bool(drop_remainder), True, padded_shapes, padding_values

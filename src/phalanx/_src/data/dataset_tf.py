@@ -1,4 +1,5 @@
-"""More of tf.data's surface on `Dataset`: `range`, `list_files`, `element_spec`, options.
+"""More of tf.data's surface on `Dataset`: `range`, `list_files`, `as_numpy_iterator`,
+`element_spec`, options.
 
 Mixed into `Dataset` beside `DatasetOps`; see `options` for what each option does here.
 """
@@ -74,6 +75,14 @@ class DatasetTF:
             dataset = dataset.shuffle(len(files), seed=seed)
         return dataset
 
+    def as_numpy_iterator(self) -> Any:
+        """An iterator over the elements, as tf.data's: they are NumPy already.
+
+        Example:
+          >>> [int(x) for x in Dataset.range(3).as_numpy_iterator()]   # [0, 1, 2]
+        """
+        return iter(self)  # type: ignore[call-overload]
+
     @property
     def element_spec(self) -> Any:
         """The structure of `TensorSpec`s of an element, as tf.data's `element_spec`.
@@ -95,7 +104,8 @@ class DatasetTF:
             if node.length == 0:
                 raise ValueError("element_spec of an empty dataset is unknown")
             element = plan.element(node, (0,), 0)
-        batched = node.level == 1 and not self.drop_remainder  # type: ignore[attr-defined]
+        # A batch's first dimension is None unless it drops the remainder (as tf.data's).
+        batched = self.batch_size is not None and not self.drop_remainder  # type: ignore[attr-defined]
         return jax.tree.map(lambda a: spec_of(a, batched), element)
 
     def options(self) -> Options:

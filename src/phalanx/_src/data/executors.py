@@ -189,6 +189,10 @@ class ParallelStreamMap(Stream):
     workers: int  # 0: inline; N threads; AUTOTUNE
     tuner: Any = None  # the AUTOTUNE decision, shared by this node's iterations
 
+    @property
+    def cardinality(self) -> float | None:
+        return self.parent.cardinality
+
     def open(self, key: tuple[int, ...], state: dict | None) -> Any:
         return _ParallelMapCursor(self, key, state)
 
@@ -202,6 +206,29 @@ class _Raised:
     """The exception an element's map raised, handed out in that element's place."""
 
     error: Exception
+
+
+def _call(node: ParallelStreamMap, key: tuple[int, ...], element: Any, position: int) -> Any:
+    # The words a random-access map over the same chain uses: the same numbers.
+    with randomness.element_stream(map_words(node, key, position)):
+        out = stream.call(node.fn, element)
+    return validation.to_numpy_tree(out, "map output")
+
+
+def _call_task(
+    node: ParallelStreamMap, key: tuple[int, ...], elements: list, first: int
+) -> tuple[list, float]:
+    """Maps consecutive elements in a worker thread: their results (a `_Raised` for each
+    that raised) and the seconds it took. A function, not a method: an error's traceback
+    holds these frames, and through `results` they hold the error, so they must not hold
+    the cursor, which that cycle would keep alive with its threads."""
+    began, results = time.perf_counter(), []
+    for offset, element in enumerate(elements):
+        try:
+            results.append(_call(node, key, element, first + offset))
+        except Exception as error:  # raised in the consumer when it reaches the element
+            results.append(_Raised(error))
+    return results, time.perf_counter() - began
 
 
 class _ParallelMapCursor:
@@ -231,16 +258,18 @@ class _ParallelMapCursor:
             out = stream.call(self.node.fn, element)
         return validation.to_numpy_tree(out, "map output")
 
-    def _call_task(self, elements: list, first: int) -> tuple[list, _Raised | None, float]:
-        """Maps consecutive elements in a worker thread: their results, the exception of
-        the first that raised (the later ones are not mapped), and the seconds it took."""
+    def _call_task(self, elements: list, first: int) -> tuple[list, float]:
+        """Maps consecutive elements in a worker thread: their results (a `_Raised` for
+        each that raised) and the seconds it took."""
         began, results = time.perf_counter(), []
         for offset, element in enumerate(elements):
             try:
                 results.append(self._call(element, first + offset))
             except Exception as error:  # raised in the consumer when it reaches the element
-                return results, _Raised(error), time.perf_counter() - began
-        return results, None, time.perf_counter() - began
+                # Without this frame in its traceback: it holds `results`, which holds the
+                # error, a cycle that would keep this cursor and its threads alive.
+                results.append(_Raised(error.with_traceback(error.__traceback__.tb_next)))
+        return results, time.perf_counter() - began
 
     def _fill(self) -> None:
         if self._pool is None and self._pending:
@@ -262,7 +291,7 @@ class _ParallelMapCursor:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     max(self._width, 1), thread_name_prefix=f"phalanx-map-{next(_ids)}"
                 )
-            future = self._pool.submit(self._call_task, elements, self._read)
+            future = self._pool.submit(_call_task, self.node, self.key, elements, self._read)
             self._pending.append((future, states))
             self._read += len(elements)
 
@@ -280,9 +309,13 @@ class _ParallelMapCursor:
             if self._pool is not None:  # AUTOTUNE settled inline: no idle threads kept
                 self.close()
             element = next(self.parent)  # StopIteration ends the iteration
-            result = self._call(element, self._read)
             self._read += 1
             self._parent_state = self.parent.state()
+            try:
+                result = _call(self.node, self.key, element, self._read - 1)
+            except Exception:
+                self.position += 1  # the element is passed: the next call maps the one after
+                raise
         else:
             if not self._ready:
                 self._fill()
@@ -291,19 +324,28 @@ class _ParallelMapCursor:
                     raise StopIteration
                 future, states = self._pending.popleft()
                 try:
-                    results, raised, seconds = future.result()
+                    results, seconds = future.result()
                 except BaseException:
                     self.close()  # a traceback may keep this cursor alive: stop its threads now
                     raise
                 self._learn(len(results), seconds)
-                self._ready.extend(zip(results, states, strict=False))
-                if raised is not None:
-                    self._ready.append((raised, states[len(results)]))
+                self._ready.extend(zip(results, states, strict=True))
                 self._fill()
             result, self._parent_state = self._ready.popleft()
             if isinstance(result, _Raised):
-                self.close()
-                raise result.error
+                # The element is passed, as a tf.data iterator goes on after an error (and
+                # `ignore_errors` drops it). A traceback may keep this cursor alive: its
+                # threads stop once their queued tasks are done, and the next call starts
+                # new ones.
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                    self._pool = None
+                self.position += 1
+                error = result.error
+                try:
+                    raise error
+                finally:  # this frame (it holds the cursor) must not hold its error
+                    del error, result
         self.position += 1
         self._tune()
         return result

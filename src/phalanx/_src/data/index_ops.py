@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from phalanx._src.data.plan import Key, Node, chain, concat, pick, rebuild
+from phalanx._src.data.plan import Key, Node, chain, concat, is_ragged, pick, rebuild
 from phalanx._src.strategy.layout import ceil_split
 
 
@@ -26,6 +26,8 @@ class Shuffle(Node):
     seed: int
     buffer_size: int
     reshuffle: bool
+
+    seeded = True  # its seed is part of an iterator state (`seeds`)
     _perms: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     _lock: Any = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -68,7 +70,9 @@ class Shuffle(Node):
 
 @dataclasses.dataclass(eq=False)
 class Repeat(Node):
-    """The parent `count` times (forever when None); each repetition is a new iteration."""
+    """The parent `count` times (forever when None); each repetition is a new iteration.
+
+    An empty parent repeated is empty, as in tf.data (forever included)."""
 
     parent: Node
     count: int | None
@@ -76,11 +80,13 @@ class Repeat(Node):
     @property
     def length(self) -> int | None:
         n = self.parent.length
+        if n == 0:
+            return 0
         return None if n is None or self.count is None else n * self.count
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         n = self.parent.length
-        if n is None:
+        if n is None or n == 0:
             return self.parent.get(key, positions)
         rounds = positions // n
         if len(positions) == 0 or rounds[0] == rounds[-1]:
@@ -162,8 +168,22 @@ class Batch(Node):
         return positions
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
-        if self.parent.level == 1:  # batch() of batches nests, as in tf.data
-            return [stack_batches(self.parent.get(key, self.rows(int(s)))) for s in positions]
+        if self.parent.level == 1:  # elements held in a list (batches: batch() nests them)
+            return [self._stack(key, self.rows(int(s))) for s in positions]
+        batches = self._gather(key, positions)
+        # One parent call made every batch, so they are all ragged or none is.
+        if batches and any(is_ragged(leaf) for leaf in jax.tree.leaves(batches[0])):
+            return [dense(batch) for batch in batches]
+        return batches
+
+    def _stack(self, key: Key, rows: np.ndarray) -> Any:
+        if len(rows):
+            return stack_batches(self.parent.get(key, rows))
+        # A process's empty share of a batch: the elements' structure with no rows.
+        probe = stack_batches(self.parent.get(key, np.zeros(1, np.int64)))
+        return jax.tree.map(lambda a: a[:0], probe)
+
+    def _gather(self, key: Key, positions: np.ndarray) -> list[Any]:
         n = self.parent.length
         if (
             len(positions) > 1
@@ -189,32 +209,52 @@ class Batch(Node):
 
 
 def stack_batches(batches: list[Any]) -> Any:
-    """Batches of equal shapes stacked along a new first axis (a nested batch)."""
+    """Elements of equal shapes (batches: a nested batch) stacked along a new first axis."""
     shapes = sorted({tuple(np.shape(leaf) for leaf in jax.tree.leaves(b)) for b in batches})
     if len(shapes) > 1:
         raise ValueError(
-            f"batch() of batches needs inner batches of one shape, got leaf shapes {shapes}; "
-            "use drop_remainder=True on the inner batch() to drop a short last one"
+            f"batch() needs elements of one shape, got leaf shapes {shapes}; use "
+            "padded_batch() to pad them, or drop_remainder=True on an inner batch() to drop "
+            "its short last batch"
         )
     return jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
 
 
+def dense(batch: Any) -> Any:
+    """A batch gathered from a level-0 parent, its `ragged` leaves stacked (or refused)."""
+    leaves, treedef = jax.tree.flatten(batch)
+    out = []
+    for i, leaf in enumerate(leaves):
+        if is_ragged(leaf):
+            found = sorted({row.shape for row in leaf})
+            if len(found) > 1:
+                raise ValueError(
+                    f"batch() got elements of different shapes {found} in leaf {i}; use "
+                    "padded_batch() to pad them to a common shape"
+                )
+            leaf = np.stack(list(leaf)) if len(leaf) else np.asarray(leaf)
+        out.append(leaf)
+    return treedef.unflatten(out)
+
+
 def seeds(root: Node) -> list[int]:
-    """The shuffle seeds of the chain, source first."""
-    return [node.seed for node in chain(root) if isinstance(node, Shuffle)]
+    """The seeds of the chain's random nodes (shuffles, `Dataset.random`, sampling), source
+    first: an iterator state records them, so a seed drawn when none was given replays."""
+    return [node.seed for node in chain(root) if getattr(node, "seeded", False)]
 
 
 def with_seeds(root: Node, new_seeds: list[int]) -> Node:
-    """The chain with its shuffle seeds replaced, source first."""
+    """The chain with its random nodes' seeds replaced, source first."""
     if len(new_seeds) != len(seeds(root)):
         raise ValueError(
-            f"the state holds {len(new_seeds)} shuffle seeds but this dataset has "
-            f"{len(seeds(root))} shuffle() calls; restore a state saved from the same pipeline."
+            f"the state holds {len(new_seeds)} seeds but this dataset has {len(seeds(root))} "
+            "seeded ops (shuffle, random, sample_from_datasets); restore a state saved from "
+            "the same pipeline."
         )
     remaining = iter(new_seeds)
 
     def change(node: Node) -> Node:
-        if isinstance(node, Shuffle):
+        if getattr(node, "seeded", False):
             return dataclasses.replace(node, seed=int(next(remaining)))
         return node
 

@@ -6,12 +6,14 @@ Python call per record (~30 us each), (2) an iterator's position is just (epoch,
 restoring it costs nothing, and (3) a process can compute which rows of a global batch it
 owns and read only those.
 
-Every node has a `level` (0: its elements are rows; 1: they are batches), a `length`
-(elements per iteration, None when infinite) and `get(key, positions)`, which returns the
-elements at `positions` (an int64 array) of iteration `key`: at level 0 one pytree whose
-leaves are stacked rows, at level 1 a list of batch pytrees. A key is a tuple of ints,
-`(epoch,)` at the top; repeat() appends the repetition so a shuffle below it draws a fresh
-permutation each time round.
+Every node has a `level`, a `length` (elements per iteration, None when infinite) and
+`get(key, positions)`, which returns the elements at `positions` (an int64 array) of
+iteration `key`. The level is only how those elements are held, never what they are: at
+level 0 one pytree whose leaves stack the elements (a leaf whose elements differ in shape,
+a ragged map's output, is an object array of the elements' arrays: `ragged`), at level 1 a
+list of element pytrees (batches, or anything else that does not stack). A key is a tuple
+of ints, `(epoch,)` at the top; repeat() appends the repetition so a shuffle below it draws
+a fresh permutation each time round.
 
 This module holds the node protocol, the in-memory source and helpers over a chain;
 `index_ops` holds the index arithmetic (shuffle, repeat, shard, take, batch) and
@@ -21,6 +23,7 @@ This module holds the node protocol, the in-memory source and helpers over a cha
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +39,52 @@ def concat(level: int, parts: list[Any]) -> Any:
         return parts[0]
     if level == 1:
         return [batch for part in parts for batch in part]
-    return jax.tree.map(lambda *arrays: np.concatenate(arrays), *parts)
+    structures = {jax.tree.structure(part) for part in parts}
+    if len(structures) > 1:
+        raise ValueError(
+            "elements of different structures were joined (concatenate() needs datasets "
+            f"whose elements have one structure, as tf.data's): {sorted(map(str, structures))}"
+        )
+    return jax.tree.map(lambda *arrays: join(arrays), *parts)
+
+
+def join(arrays: Any) -> np.ndarray:
+    """Stacked elements' leaves joined along the first axis; ragged when their shapes differ."""
+    if len({a.shape[1:] for a in arrays}) == 1 and not any(is_ragged(a) for a in arrays):
+        return np.concatenate(arrays)
+    return ragged([row for a in arrays for row in as_rows(a)])
+
+
+class Ragged(np.ndarray):
+    """A 1-d object array of elements' leaves that do not stack (`ragged`).
+
+    A subclass marks it (indexing, reshaping and pickling keep it): an object array of
+    arrays given by the user stays what it is, legal on the host as tf.data's `as_numpy`
+    object arrays are.
+    """
+
+
+def ragged(rows: Any) -> np.ndarray:
+    """Elements' leaves that do not stack (different shapes), held as a 1-d object array.
+
+    Why not a list: every level-0 node gathers, joins and reorders leaves as arrays, and an
+    object array of the rows goes through all of it unchanged; a row read back (`a[i]`) is
+    the element's own array. `index_ops.Batch` stacks such a leaf, or says to pad it.
+    """
+    out = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):
+        out[i] = row
+    return out.view(Ragged)
+
+
+def is_ragged(leaf: Any) -> bool:
+    """Whether a stacked leaf holds elements of different shapes (see `ragged`)."""
+    return isinstance(leaf, Ragged)
+
+
+def as_rows(leaf: np.ndarray) -> np.ndarray:
+    """A stacked leaf as `ragged` rows (itself if it already is)."""
+    return leaf if is_ragged(leaf) else ragged(list(leaf))
 
 
 def pick(level: int, elements: Any, index: np.ndarray) -> Any:
@@ -58,6 +106,13 @@ class Node:
     @property
     def length(self) -> int | None:
         return self.parent.length
+
+    @property
+    def cardinality(self) -> float | None:
+        """Elements per iteration: a count, `math.inf`, or None when only iterating tells
+        (a streaming node's, see `stream.Stream`)."""
+        n = self.length
+        return math.inf if n is None else n
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         raise NotImplementedError
@@ -85,6 +140,43 @@ class Source(Node):
         # Fancy indexing copies, which matters: a device_put of a view could alias (and a
         # donated step could then clobber) the user's arrays on the CPU backend.
         return self.treedef.unflatten([leaf[positions] for leaf in self.leaves])
+
+
+@dataclasses.dataclass(eq=False)
+class Elements(Node):
+    """In-memory elements that need not stack (a window's, a group's): a list, level 1."""
+
+    items: list[Any]
+
+    level = 1
+
+    @property
+    def length(self) -> int:
+        return len(self.items)
+
+    def get(self, key: Key, positions: np.ndarray) -> Any:
+        return [self.items[p] for p in positions]
+
+
+@dataclasses.dataclass(eq=False)
+class Listed(Node):
+    """A level-0 parent's elements as a list (level 1), to sit beside a level-1 node in a
+    zip or a concatenate: the level is how elements are held, so it never refuses an op."""
+
+    parent: Node
+
+    level = 1
+
+    def get(self, key: Key, positions: np.ndarray) -> Any:
+        leaves, treedef = jax.tree.flatten(self.parent.get(key, positions))
+        return [treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(len(positions))]
+
+
+def same_level(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    """`nodes`, a level-0 one `Listed` when another is at level 1."""
+    if len({n.level for n in nodes}) == 1:
+        return nodes
+    return tuple(n if n.level == 1 else Listed(n) for n in nodes)
 
 
 def parents(node: Node) -> tuple[Node, ...]:

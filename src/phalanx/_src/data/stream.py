@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,12 @@ class Stream(Node):
     def length(self) -> int | None:
         return None  # unknown: Dataset reports tf.data's UNKNOWN cardinality
 
+    @property
+    def cardinality(self) -> float | None:
+        """None (unknown) unless the op knows; the ops that keep or compute their parent's
+        count say so, with tf.data's rules (`Dataset.cardinality`)."""
+        return None
+
     def get(self, key: Key, positions: np.ndarray) -> Any:
         raise TypeError(f"{type(self).__name__} streams; it has no random access")
 
@@ -43,21 +50,35 @@ class Stream(Node):
 
 
 class RandomCursor:
-    """Reads a random-access node in order; its state is the number of elements read."""
+    """Reads a random-access node in order; its state is the number of elements read.
+
+    An element whose computation raised (a `map` function's error) is passed: the error
+    is raised in its place and the next call reads the element after it, as a tf.data
+    iterator goes on after an error (and `ignore_errors` drops it). A chunk that raised is
+    read again element by element, to raise at the element that fails and only there.
+    """
 
     def __init__(self, node: Node, key: Key, state: dict | None) -> None:
         self.node, self.key = node, key
         self.step = 0 if state is None else int(state["step"])
         self._ahead: list[Any] = []
+        self._single_until = 0  # read one element at a time up to this step (see above)
 
     def __next__(self) -> Any:
         if not self._ahead:
             n = self.node.length
-            chunk = 1 if self.node.level == 1 else _ROW_CHUNK
+            chunk = 1 if self.node.level == 1 or self.step < self._single_until else _ROW_CHUNK
             stop = self.step + chunk if n is None else min(self.step + chunk, n)
             if stop <= self.step:
                 raise StopIteration
-            got = self.node.get(self.key, np.arange(self.step, stop, dtype=np.int64))
+            try:
+                got = self.node.get(self.key, np.arange(self.step, stop, dtype=np.int64))
+            except Exception:
+                if chunk == 1:
+                    self.step += 1  # the failing element is passed
+                    raise
+                self._single_until = stop
+                return next(self)
             if self.node.level == 1:
                 self._ahead = list(got)
             else:
@@ -186,6 +207,13 @@ class StreamTake(Stream):
     parent: Node
     count: int
 
+    @property
+    def cardinality(self) -> float | None:
+        n = self.parent.cardinality
+        if self.count == 0:
+            return 0
+        return None if n is None else min(n, self.count)
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _TakeCursor(self, key, state)
 
@@ -206,6 +234,11 @@ class StreamSkip(Stream):
     parent: Node
     count: int
 
+    @property
+    def cardinality(self) -> float | None:
+        n = self.parent.cardinality
+        return None if n is None else max(0, n - self.count)
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _SkipCursor(self, key, state)
 
@@ -225,6 +258,10 @@ class StreamEnumerate(Stream):
     parent: Node
     start: int
 
+    @property
+    def cardinality(self) -> float | None:
+        return self.parent.cardinality
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _EnumerateCursor(self, key, state)
 
@@ -243,6 +280,13 @@ class StreamShard(Stream):
     parent: Node
     num_shards: int
     index: int
+
+    @property
+    def cardinality(self) -> float | None:
+        n = self.parent.cardinality
+        if n is None or n == math.inf:
+            return n
+        return max(0, -(-(n - self.index) // self.num_shards))
 
     def open(self, key: Key, state: dict | None) -> Any:
         return _ShardCursor(self, key, state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from phalanx._src.data.plan import Key, Node
@@ -15,6 +16,15 @@ class StreamRepeat(Stream):
 
     parent: Node
     count: int | None
+
+    @property
+    def cardinality(self) -> float | None:
+        n = self.parent.cardinality
+        if self.count == 0 or n == 0:
+            return 0
+        if self.count is None:
+            return math.inf  # tf.data's rule, even over an unknown count
+        return None if n is None else n * self.count
 
     def open(self, key: Key, state: dict | None) -> Any:
         return _RepeatCursor(self, key, state)
@@ -58,6 +68,11 @@ class StreamZip(Stream):
     def level(self) -> int:
         return self.parents[0].level
 
+    @property
+    def cardinality(self) -> float | None:
+        counts = [p.cardinality for p in self.parents]
+        return None if None in counts else min(counts)
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _ZipCursor(self, key, state)
 
@@ -68,7 +83,9 @@ class _ZipCursor:
         self.parents = [open_node(p, key, s) for p, s in zip(node.parents, states, strict=True)]
 
     def __next__(self) -> Any:
-        return tuple(next(parent) for parent in self.parents)
+        # A list, not a generator: a parent's StopIteration must end the zip, and inside a
+        # generator expression Python turns it into a RuntimeError.
+        return tuple([next(parent) for parent in self.parents])
 
     def state(self) -> dict:
         return {"parents": [parent.state() for parent in self.parents]}
@@ -81,6 +98,11 @@ class StreamConcatenate(Stream):
     @property
     def level(self) -> int:
         return self.parents[0].level
+
+    @property
+    def cardinality(self) -> float | None:
+        counts = [p.cardinality for p in self.parents]
+        return None if None in counts else sum(counts)
 
     def open(self, key: Key, state: dict | None) -> Any:
         return _ConcatenateCursor(self, key, state)

@@ -1,4 +1,5 @@
-"""Streaming nodes that change the nesting: batch / padded_batch, unbatch, flat_map, interleave.
+"""Streaming nodes that change the nesting: batch / padded_batch, unbatch, rebatch, flat_map,
+interleave.
 
 A cursor that is partway through one upstream element (a batch being unbatched, a dataset
 made by `flat_map`'s function) saves the upstream state from *before* that element plus its
@@ -8,13 +9,14 @@ position inside it; restoring re-reads that one element and continues (see `stre
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from phalanx._src.data import validation
+from phalanx._src.data import index_ops, validation
 from phalanx._src.data.plan import Key, Node
 from phalanx._src.data.stream import Stream, _Cursor, _get, call, open_node
 from phalanx._src.strategy import device_batch
@@ -35,11 +37,23 @@ class StreamBatch(Stream):
 
     level = 1
 
+    @property
+    def cardinality(self) -> float | None:
+        n = self.parent.cardinality
+        if n is None or n == math.inf:
+            return n
+        return n // self.size if self.drop_remainder else -(-n // self.size)
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _BatchCursor(self, key, state)
 
     def stack(self, elements: list[Any]) -> Any:
         leaves0, treedef = jax.tree.flatten(elements[0])
+        if any(isinstance(getattr(leaf, "_node", None), Node) for leaf in leaves0):
+            raise TypeError(
+                "batch() got datasets (window() and group_by_window's windows are datasets); "
+                "flat_map them first, e.g. ds.window(3).flat_map(lambda w: w.batch(3))"
+            )
         columns = [treedef.flatten_up_to(e) for e in elements]
         shapes = self._shapes(treedef) if self.pad else [None] * len(leaves0)
         values = self._values(treedef) if self.pad else [0] * len(leaves0)
@@ -126,6 +140,18 @@ class Unbatch(Stream):
 
     level = 0
 
+    @property
+    def cardinality(self) -> float | None:
+        # Known where tf.data knows the rows of an element: right after a batch of a fixed
+        # size (drop_remainder=True), whose elements all hold `size` rows.
+        n, parent = self.parent.cardinality, self.parent
+        fixed = isinstance(parent, index_ops.Batch | StreamBatch) and parent.drop_remainder
+        if n is None or not fixed or parent.split is not None:
+            return None
+        if isinstance(parent, Rebatch) and len(set(parent.sizes)) > 1:
+            return None
+        return n * parent.size
+
     def open(self, key: Key, state: dict | None) -> Any:
         return _UnbatchCursor(self, key, state)
 
@@ -163,10 +189,24 @@ class _Inside:
 
 
 class _Rows:
-    def __init__(self, batch: Any, row: int) -> None:
+    def __init__(self, batch: Any, row: int, op: str = "unbatch") -> None:
         self.leaves, self.treedef = jax.tree.flatten(batch)
         self.row = row
-        self.rows = len(self.leaves[0]) if self.leaves else 0
+        sizes = sorted({np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in self.leaves})
+        if None in sizes or len(sizes) > 1:
+            shapes = [np.shape(leaf) for leaf in self.leaves]
+            raise ValueError(
+                f"{op}() splits every leaf of an element along its first axis, so they "
+                f"need one common first dimension; got leaf shapes {shapes}"
+            )
+        self.rows = sizes[0] if sizes else 0
+
+    def take(self, count: int) -> tuple[int, Any]:
+        """Up to `count` next rows as one batch, and how many (0: none was left)."""
+        first, self.row = self.row, min(self.row + count, self.rows)
+        return self.row - first, self.treedef.unflatten(
+            [leaf[first : self.row] for leaf in self.leaves]
+        )
 
     def __next__(self) -> Any:
         if self.row >= self.rows:
@@ -183,7 +223,64 @@ class _UnbatchCursor(_Inside):
         return _Rows(element, int(_get(state, "row")))
 
 
-def _dataset_cursor(fn: Callable[..., Any], element: Any, state: dict | None) -> Any:
+@dataclasses.dataclass(eq=False)
+class Rebatch(StreamBatch):
+    """tf.data's rebatch: the rows of the parent's batches regrouped in batches of `sizes`
+    rows, cycling through `sizes` (one size: unbatch().batch(n), without a row at a time).
+    A batch: `size` is the first size, and `split` keeps one process's rows."""
+
+    sizes: tuple[int, ...] = ()
+
+    @property
+    def cardinality(self) -> None:
+        return None  # the rows per input batch are known only by reading them
+
+    def open(self, key: Key, state: dict | None) -> Any:
+        return _RebatchCursor(self, key, state)
+
+
+class _RebatchCursor(_Inside):
+    """The state: `_Inside`'s (the parent's batch being split, the row in it) and the
+    number of batches made, which picks the next size."""
+
+    def __init__(self, node: Rebatch, key: Key, state: dict | None) -> None:
+        super().__init__(node, key, state)
+        self.made = int(_get(state, "made"))
+
+    def enter(self, element: Any, state: dict | None) -> Any:
+        return _Rows(element, int(_get(state, "row")), "rebatch")
+
+    def __next__(self) -> Any:
+        want = self.node.sizes[self.made % len(self.node.sizes)]
+        pieces, have = [], 0
+        while have < want:
+            if self.inner is None:
+                self.before = self.parent.state()
+                try:
+                    self.inner = self.enter(next(self.parent), None)
+                except StopIteration:
+                    break
+            rows, piece = self.inner.take(want - have)
+            if not rows:
+                self.inner = None
+                continue
+            pieces.append(piece)
+            have += rows
+        if not pieces or (self.node.drop_remainder and have < want):
+            raise StopIteration
+        self.made += 1
+        batch = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
+        if self.node.split is not None:
+            index, count = self.node.split
+            lo, hi = ceil_split(have, count)[index]
+            batch = jax.tree.map(lambda a: a[lo:hi], batch)
+        return batch
+
+    def state(self) -> dict:
+        return {**super().state(), "made": self.made}
+
+
+def dataset_cursor(fn: Callable[..., Any], element: Any, state: dict | None) -> Any:
     dataset = call(fn, element)
     # A Dataset is known by its plan, not by its class: this module is one of the nodes the
     # Dataset builder imports, so it must not import the builder back.
@@ -206,7 +303,7 @@ class FlatMap(Stream):
 
 class _FlatMapCursor(_Inside):
     def enter(self, element: Any, state: dict | None) -> Any:
-        return _dataset_cursor(self.node.fn, element, state)
+        return dataset_cursor(self.node.fn, element, state)
 
 
 @dataclasses.dataclass(eq=False)
@@ -263,7 +360,7 @@ class _InterleaveCursor(_Cursor):
         for i, saved in enumerate(_get(state, "slots", [None] * node.cycle_length)):
             if saved is not None:
                 element = next(open_node(node.parent, key, saved["before"]))
-                cursor = _dataset_cursor(node.fn, element, saved["inner"])
+                cursor = dataset_cursor(node.fn, element, saved["inner"])
                 self.slots[i] = (saved["before"], cursor)
 
     def _advance_cycle(self) -> None:
@@ -293,7 +390,7 @@ class _InterleaveCursor(_Cursor):
                     continue
                 self.slots[self.cycle_index] = (
                     before,
-                    _dataset_cursor(self.node.fn, element, None),
+                    dataset_cursor(self.node.fn, element, None),
                 )
             else:
                 self._advance_cycle()

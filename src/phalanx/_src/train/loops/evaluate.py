@@ -42,7 +42,7 @@ def validation_logs(engine: Engine, data: tuple, steps: int | None) -> dict[str,
     batches, source, checked = data
     iterator = checks.watch(engine, iter(batches), source, checked, "validation")
     try:
-        run_phase(
+        ran = run_phase(
             engine,
             "test",
             iterator,
@@ -51,9 +51,10 @@ def validation_logs(engine: Engine, data: tuple, steps: int | None) -> dict[str,
             None,
             source=source,
             steps_hint=sources.length(batches),
-        )
+        ).steps
     finally:
         sources.close(iterator)
+    _some_steps(ran, "validation")
     logs = engine.fetch_logs()
     engine.reset_metrics()
     return logs
@@ -84,7 +85,8 @@ def evaluate(
 
     Raises:
       ValueError: before anything compiles, for data without labels (the loss needs them),
-        `steps` < 1, or features and labels the model cannot take (`checks`).
+        `steps` < 1, or features and labels the model cannot take (`checks`); data that
+        yields no batch.
     """
     engine = model.engine
     steps = fit_options.step_count(steps, "steps")
@@ -100,12 +102,24 @@ def evaluate(
     cbs.on_test_begin()
     iterator = checks.watch(engine, iter(data), source, checked, "evaluate")
     try:
-        run_phase(engine, "test", iterator, steps, cbs, None, source=source, steps_hint=length)
+        ran = run_phase(
+            engine, "test", iterator, steps, cbs, None, source=source, steps_hint=length
+        ).steps
     finally:
         sources.close(iterator)
+    _some_steps(ran, "evaluate")
     logs = engine.fetch_logs()
     cbs.on_test_end(logs)
     if return_dict:
         return logs
     values = list(logs.values())
     return values[0] if len(values) == 1 else values
+
+
+def _some_steps(steps: int, phase: str) -> None:
+    """Refuses a phase that read no batch: its metrics would be 0, not a measurement."""
+    if steps == 0:
+        raise ValueError(
+            f"{phase} got no batch: the data is empty (e.g. a filter that keeps nothing, or "
+            "batch(n, drop_remainder=True) of fewer than n elements)"
+        )
