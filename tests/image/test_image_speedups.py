@@ -184,3 +184,19 @@ def test_random_resized_crop_reads_the_jpeg_header_once(monkeypatch):
     with randomness.element_stream((1, 2, 3)):
         fused.decode_random_resized_crop(buffer.getvalue(), (16, 16), antialias=False)
     assert len(parses) == 1
+
+
+def test_a_ported_calls_array_boxes_and_list_ranges_are_prepared_once():
+    # TF's examples pass the boxes as an array and the ranges as lists: neither hashable.
+    shape = np.array([375, 500, 3], np.int32)
+    box = np.asarray([[[0.0, 0.0, 1.0, 1.0]]], np.float32)
+    boxes._remembered_preparation.cache_clear()
+    for seed in range(3):
+        boxes.sample_distorted_bounding_box(
+            shape, box, seed, 0.1, [0.75, 1.33], [0.05, 1.0], 100, True
+        )
+    info = boxes._remembered_preparation.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+    # Another array of the same shape is another key, never a stale preparation.
+    boxes.sample_distorted_bounding_box(shape, box / 2, 0, 0.1, [0.75, 1.33], [0.05, 1.0], 100)
+    assert boxes._remembered_preparation.cache_info().misses == 2

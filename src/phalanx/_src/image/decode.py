@@ -2,12 +2,23 @@
 
 JPEGs are decoded by simplejpeg (libjpeg-turbo; it releases the GIL for the whole decode,
 so threads scale) when it is installed, by Pillow otherwise; PNGs and other formats by
-Pillow. Both libjpeg-turbo paths use the accurate integer IDCT and fancy upsampling, TF's
-defaults, so the pixels equal tf.io.decode_jpeg's on the same file.
+Pillow. `dct_method` has TF's meaning: TF's JPEG ops decode with libjpeg's fast integer
+IDCT (JDCT_IFAST) unless given "INTEGER_ACCURATE", so "" and "INTEGER_FAST" are the fast
+IDCT and "INTEGER_ACCURATE" the accurate one. With simplejpeg, which honours it and
+upsamples chroma with libjpeg's "fancy" filter as TF does, the pixels equal
+tf.io.decode_jpeg's for the same `dct_method`. Pillow's fallback always uses the accurate
+IDCT (within a few levels of the fast one); `backends()` says which decoder runs.
 
 A decoder may also scale by N/8 (N = 1..8) inside the IDCT, which costs a fraction of a full
 decode: `decode_jpeg_scaled` picks the smallest such scale that keeps a given region at
 least a given size, which is what a crop-then-resize pipeline needs.
+
+`decode_and_crop_jpeg` decodes the whole image and returns the window as a view. TF's
+kernel decodes only the window's rows and iMCU columns (libjpeg-turbo's
+`jpeg_crop_scanline` / `jpeg_skip_scanlines`); no wheel that installs without a compiler
+exposes that API (simplejpeg, imagecodecs, OpenCV and Pillow decode whole images, scaled
+at most; pyvips-binary crops after a sequential decode, measured at 2.3x simplejpeg's full
+decode on the benchmark's 500x375 photos).
 """
 
 from __future__ import annotations
@@ -162,12 +173,17 @@ def scaled_size(size: int, eighths: int) -> int:
 
 
 def check_dct_method(dct_method: str) -> bool:
-    """Whether `dct_method` (TF's names) asks for libjpeg's fast integer IDCT."""
+    """Whether `dct_method` (TF's names) asks for libjpeg's fast integer IDCT.
+
+    TF's decode kernels map "" and "INTEGER_FAST" to JDCT_IFAST ("sacrificing image
+    quality for speed", their comment says) and "INTEGER_ACCURATE" to JDCT_ISLOW.
+    """
     if dct_method not in ("", "INTEGER_FAST", "INTEGER_ACCURATE"):
         raise ValueError(
-            f"dct_method must be '', 'INTEGER_FAST' or 'INTEGER_ACCURATE', got {dct_method!r}"
+            f"dct_method must be '' (TF's default: the fast IDCT), 'INTEGER_FAST' or "
+            f"'INTEGER_ACCURATE', got {dct_method!r}; e.g. dct_method='INTEGER_ACCURATE'"
         )
-    return dct_method != "INTEGER_ACCURATE"  # TF's default, "", is the fast IDCT
+    return dct_method != "INTEGER_ACCURATE"
 
 
 def decode_jpeg_scaled(
@@ -243,13 +259,14 @@ def decode_jpeg(
 
     With libjpeg-turbo (simplejpeg) the pixels equal TF's for the same `dct_method`; the
     Pillow fallback always uses the accurate IDCT (within 3 levels of the fast one).
+    `backends()["jpeg"]` says which decoder runs.
 
     Args:
       contents: the file's bytes (`read_file(path)` or Python bytes).
       channels: 0 keeps the file's channels; 1 grayscale, 3 RGB.
       ratio: 1, 2, 4 or 8: decode at 1/ratio scale in the DCT domain (as TF's `ratio`).
-      dct_method: "" (TF's default: the fast integer IDCT), "INTEGER_FAST" or
-        "INTEGER_ACCURATE".
+      dct_method: as TF's: "" (the default) and "INTEGER_FAST" decode with libjpeg's fast
+        integer IDCT, "INTEGER_ACCURATE" with the accurate one.
 
     Returns:
       A uint8 array (height, width, channels); sizes with `ratio` round up as libjpeg's.

@@ -1,6 +1,8 @@
-"""TF's bilinear resize of a window, flipped, into uint8, by OpenCV: one native call, GIL free.
+"""TF2's bilinear resize of a window, flipped, into uint8, by OpenCV: one native call, GIL free.
 
-`tf.image.resize(..., "bilinear")` without antialias (TF's official ResNet preprocessing)
+`tf.image.resize(..., "bilinear")` without antialias (TF2's; TF1's
+`tf.compat.v1.image.resize(align_corners=False)`, which TF's official ResNet-50
+preprocessing calls, samples at i * scale instead and is not what this computes)
 maps output pixel i to source coordinate (i + 0.5) * scale - 0.5, clamped to the image,
 and mixes the two neighbours on each axis. OpenCV's `INTER_LINEAR` uses the same formula
 with 11-bit fixed-point weights, so its uint8 result is within 1 level of TF's float
@@ -40,6 +42,11 @@ try:  # optional (phalanx's `image` extra)
     import cv2 as _cv2
 except ImportError:  # pragma: no cover - exercised where OpenCV is missing
     _cv2 = None
+
+
+def version() -> str | None:
+    """OpenCV's version, or None where it is not installed (the NumPy paths run)."""
+    return None if _cv2 is None else _cv2.__version__
 
 
 def usable(out: np.ndarray) -> bool:
