@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.image import randomness
+from phalanx._src.image import decode, randomness
 
 _FLOAT32 = struct.Struct("f")  # packing a C float rounds to float32 as np.float32 does
 _pack, _unpack = _FLOAT32.pack, _FLOAT32.unpack
@@ -173,9 +173,9 @@ def _prepare(
     hashable ones are prepared once and remembered.
     """
     (height, width, bounding_boxes, aspect_ratio_range, area_range, max_attempts,
-     use_image_if_no_bounding_boxes) = setup  # fmt: skip
-    if type(bounding_boxes) is _Frozen:
-        bounding_boxes = bounding_boxes.thaw()
+     use_image_if_no_bounding_boxes) = (
+        part.thaw() if type(part) is _Frozen else part for part in setup
+    )  # fmt: skip
     if not (0 < area_range[0] <= area_range[1] <= 1.0):
         raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
     if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
@@ -213,10 +213,12 @@ def _sample(
     max_attempts: int,
     use_image_if_no_bounding_boxes: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    size = np.asarray(image_size).reshape(-1)
-    if size.shape[0] != 3:
-        raise ValueError(f"image_size must be [height, width, channels], got {image_size!r}")
-    height, width = int(size[0]), int(size[1])
+    try:
+        height, width, _ = decode.as_ints(image_size, 3)
+    except ValueError:
+        raise ValueError(
+            f"image_size must be [height, width, channels], got {image_size!r}"
+        ) from None
     if height <= 0 or width <= 0:
         raise ValueError(f"image_size must be positive, got {image_size!r}")
     y, x, h, w = _crop_window(

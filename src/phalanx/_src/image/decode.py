@@ -80,6 +80,8 @@ def as_ints(values: Any, count: int) -> tuple[int, ...]:
         and all(type(v) is int for v in values)
     ):
         return tuple(values)
+    if type(values) is np.ndarray and values.size == count and values.dtype.kind in "iu":
+        return tuple(values.ravel().tolist())  # extract_jpeg_shape's, a stacked window
     return tuple(int(v) for v in np.asarray(values).reshape(count))
 
 

@@ -142,6 +142,13 @@ def flip_left_right(images: np.ndarray) -> np.ndarray | None:
         return None
     if images.size == 0:  # (OpenCV returns None for an empty image)
         return images.copy()
+    if images.ndim == 3 and images.strides[1:] == (
+        images.shape[2] * images.itemsize,
+        images.itemsize,
+    ):
+        # One image whose pixels are contiguous rows (a crop of a decode is): OpenCV reads
+        # the rows in place, one pass.
+        return _cv2.flip(images, 1).reshape(images.shape)  # (1 channel comes back 2-D)
     width, channels = images.shape[-2:]
     rows = np.ascontiguousarray(images).reshape(-1, width, channels)
     return _cv2.flip(rows, 1).reshape(images.shape)
