@@ -184,3 +184,18 @@ def test_backends_name_the_library_of_each_path(monkeypatch):
         assert "OpenCV" in paths["fused_resize"] and "OpenCV" in paths["resize"]
     monkeypatch.setattr(opencv, "_cv2", None)
     assert image.backends()["fused_resize"].startswith("NumPy")
+
+
+def test_opencv_runs_one_thread_once_phalanx_calls_it(monkeypatch):
+    cv2 = pytest.importorskip("cv2", reason="OpenCV is phalanx's `image` extra")
+    from phalanx._src.image import opencv
+
+    monkeypatch.setattr(opencv, "_sequential", False)
+    cv2.setNumThreads(2)
+    image.resize(np.zeros((20, 30, 3), np.uint8), (8, 8))
+    # Its own pool beside the map's threads burned CPU spinning (opencv.py's docstring).
+    assert cv2.getNumThreads() == 1
+    cv2.setNumThreads(4)  # a user who wants the pool back sets it after the first call
+    image.resize(np.zeros((20, 30, 3), np.uint8), (8, 8))
+    assert cv2.getNumThreads() == 4
+    cv2.setNumThreads(1)

@@ -61,7 +61,7 @@ def backends() -> dict[str, str]:
     else:
         jpeg = "none (install phalanx[image])"
     if opencv.version() is not None:
-        cv = f"OpenCV {opencv.version()}"
+        cv = f"OpenCV {opencv.version()} (one thread: the map's threads are the parallelism)"
         resize = f"{cv} cv2.resize on float32 (float weights: TF's values to float rounding)"
         fused = (
             f"{cv} cv2.resize INTER_LINEAR into uint8 (11-bit weights, within 1 level of "
