@@ -24,6 +24,7 @@ decode on the benchmark's 500x375 photos).
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -119,19 +120,40 @@ def pillow_to_array(image: Any, channels: int, dtype: Any = np.uint8) -> np.ndar
     return array.astype(dtype, copy=False)
 
 
+class _LastHeader(threading.local):
+    """This thread's last parsed header, by the bytes object: a ported TF function reads the
+    same bytes with extract_jpeg_shape and then decode_and_crop_jpeg. simplejpeg releases the
+    GIL even for the header's microsecond, and with several threads each release costs a
+    hand-over; the second parse is skipped. (bytes are immutable: the same object has the
+    same header.)"""
+
+    data: bytes | None = None
+    header: tuple[int, int, int] | None = None
+
+
+_last_header = _LastHeader()
+
+
 def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     """(height, width, channels) from simplejpeg's header parse, None if it cannot tell."""
     if _simplejpeg is None:
         return None
+    last = _last_header
+    if last.data is data:
+        return last.header
     try:
         height, width, colorspace, _ = _simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return None
     if colorspace == "Gray":
-        return height, width, 1
-    if colorspace in ("YCbCr", "RGB"):
-        return height, width, 3
-    return None  # CMYK / YCCK: Pillow converts those
+        header = height, width, 1
+    elif colorspace in ("YCbCr", "RGB"):
+        header = height, width, 3
+    else:
+        header = None  # CMYK / YCCK: Pillow converts those
+    if type(data) is bytes:
+        last.data, last.header = data, header
+    return header
 
 
 def extract_jpeg_shape(contents: Any) -> np.ndarray:
