@@ -9,17 +9,19 @@ noise, generated here, nothing downloaded) as tf.train.Examples into 8 TFRecord 
 at a time, interleaved over the variants (a busy neighbour hits each alike), best of
 --rounds after a warm-up epoch (AUTOTUNE rows: warm-up epochs until it has chosen):
 
-- phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
-  Inception crop, 224x224 bilinear WITHOUT antialias as TF's ResNet code resizes, random
-  flip, uint8) -> batch 64; the same with a float32 [0, 1] output (as TF's), the
-  like-for-like row; TF's preprocessing function below ported with renames only (tf.image
-  -> phalanx.image: unfused, float32, what a user porting TF code gets first); and the
-  same uint8 path with antialias=True (Pillow's C resampler: more filtering than TF does,
-  shown for its speed, not compared like for like);
 - tf.data (when TensorFlow is installed): TF's official ResNet-50 training preprocessing:
-  parse, sample_distorted_bounding_box, decode_and_crop_jpeg, resize 224 (bilinear),
-  random_flip_left_right, / 255 -> batch 64 -> prefetch, on a private thread pool of the
-  same size;
+  parse, sample_distorted_bounding_box, decode_and_crop_jpeg, random_flip_left_right,
+  resize 224 (bilinear: TF2's tf.image.resize, where the official code calls TF1's
+  tf.compat.v1.image.resize(align_corners=False), the same work at other sampling
+  positions), / 255 -> batch 64 -> prefetch, on a private thread pool of the same size;
+- phalanx (TF port): that function ported with renames only (tf.image -> phalanx.image:
+  unfused, float32), what a user porting TF code runs first: the row shown first, beside
+  tf.data's;
+- phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
+  Inception crop, 224x224 bilinear WITHOUT antialias as tf.image.resize's default, random
+  flip, uint8) -> batch 64; the same with a float32 [0, 1] output (as TF's); and the same
+  uint8 path with antialias=True (Pillow's C resampler: more filtering than TF does, shown
+  for its speed, not compared like for like);
 - Grain over ArrayRecord: the phalanx.image preprocessing (Grain has none) in Grain's
   threads (ReadOptions.num_threads);
 - with --processes, phalanx's uint8 pipeline mapped in worker processes
@@ -124,8 +126,8 @@ def write_files(folder: Path, jpegs: list[bytes], shards: int = 8) -> tuple[list
 def preprocess(record: bytes) -> tuple[np.ndarray, np.ndarray]:
     """phalanx's ResNet training preprocessing: uint8, normalised later on the device.
 
-    Bilinear without antialias, as TF's official ResNet preprocessing resizes, so the
-    pipelines do the same work.
+    Bilinear without antialias, as tf.image.resize (TF2) in tf_pipeline, so the pipelines
+    do the same work.
     """
     example = data.parse_single_example(record, SPEC)
     pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE)  # antialias=False
@@ -188,7 +190,8 @@ def tf_pipeline(paths: list[str], workers: int):
     import tensorflow as tf
 
     def parse_and_preprocess(record):
-        # TF's official ResNet-50 preprocessing (imagenet_preprocessing.py), training branch.
+        # TF's official ResNet-50 preprocessing (imagenet_preprocessing.py), training branch,
+        # with TF2's tf.image.resize for its tf.compat.v1.image.resize(align_corners=False).
         parsed = tf.io.parse_single_example(
             record,
             {
