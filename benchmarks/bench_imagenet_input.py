@@ -9,17 +9,19 @@ noise, generated here, nothing downloaded) as tf.train.Examples into 8 TFRecord 
 at a time, interleaved over the variants (a busy neighbour hits each alike), best of
 --rounds after a warm-up epoch (AUTOTUNE rows: warm-up epochs until it has chosen):
 
-- phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
-  Inception crop, 224x224 bilinear WITHOUT antialias as TF's ResNet code resizes, random
-  flip, uint8) -> batch 64; the same with a float32 [0, 1] output (as TF's), the
-  like-for-like row; TF's preprocessing function below ported with renames only (tf.image
-  -> phalanx.image: unfused, float32, what a user porting TF code gets first); and the
-  same uint8 path with antialias=True (Pillow's C resampler: more filtering than TF does,
-  shown for its speed, not compared like for like);
 - tf.data (when TensorFlow is installed): TF's official ResNet-50 training preprocessing:
-  parse, sample_distorted_bounding_box, decode_and_crop_jpeg, resize 224 (bilinear),
-  random_flip_left_right, / 255 -> batch 64 -> prefetch, on a private thread pool of the
-  same size;
+  parse, sample_distorted_bounding_box, decode_and_crop_jpeg, random_flip_left_right,
+  resize 224 (bilinear: TF2's tf.image.resize, where the official code calls TF1's
+  tf.compat.v1.image.resize(align_corners=False), the same work at other sampling
+  positions), / 255 -> batch 64 -> prefetch, on a private thread pool of the same size;
+- phalanx (TF port): that function ported with renames only (tf.image -> phalanx.image:
+  unfused, float32), what a user porting TF code runs first: the row shown first, beside
+  tf.data's;
+- phalanx: TFRecordDataset -> map(parse_single_example + decode_random_resized_crop:
+  Inception crop, 224x224 bilinear WITHOUT antialias as tf.image.resize's default, random
+  flip, uint8) -> batch 64; the same with a float32 [0, 1] output (as TF's); and the same
+  uint8 path with antialias=True (Pillow's C resampler: more filtering than TF does, shown
+  for its speed, not compared like for like);
 - Grain over ArrayRecord: the phalanx.image preprocessing (Grain has none) in Grain's
   threads (ReadOptions.num_threads);
 - with --processes, phalanx's uint8 pipeline mapped in worker processes
@@ -36,6 +38,12 @@ tf.data's at the same setting.
 times the pieces of one image's preprocessing instead (sequential, one thread, each piece
 interleaved image by image, CPU milliseconds per image): where the time goes.
 
+    python benchmarks/bench_imagenet_input.py --gil --images 300 --rounds 3
+
+measures how long each piece of the TF port, the whole map functions and the TF port's
+pipeline hold the GIL per image (gil_probe.py: a thread that asks for the GIL without pause
+and reads its own scheduler statistics): the serial part that bounds thread scaling.
+
     python benchmarks/bench_imagenet_input.py --fit --images 2048
 
 times fit fed by the pipeline against fit on synthetic uint8 data in memory: ResNet-50
@@ -45,6 +53,7 @@ times fit fed by the pipeline against fit on synthetic uint8 data in memory: Res
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import tempfile
@@ -117,8 +126,8 @@ def write_files(folder: Path, jpegs: list[bytes], shards: int = 8) -> tuple[list
 def preprocess(record: bytes) -> tuple[np.ndarray, np.ndarray]:
     """phalanx's ResNet training preprocessing: uint8, normalised later on the device.
 
-    Bilinear without antialias, as TF's official ResNet preprocessing resizes, so the
-    pipelines do the same work.
+    Bilinear without antialias, as tf.image.resize (TF2) in tf_pipeline, so the pipelines
+    do the same work.
     """
     example = data.parse_single_example(record, SPEC)
     pixels = image.decode_random_resized_crop(example["image/encoded"], SIZE)  # antialias=False
@@ -181,7 +190,8 @@ def tf_pipeline(paths: list[str], workers: int):
     import tensorflow as tf
 
     def parse_and_preprocess(record):
-        # TF's official ResNet-50 preprocessing (imagenet_preprocessing.py), training branch.
+        # TF's official ResNet-50 preprocessing (imagenet_preprocessing.py), training branch,
+        # with TF2's tf.image.resize for its tf.compat.v1.image.resize(align_corners=False).
         parsed = tf.io.parse_single_example(
             record,
             {
@@ -338,6 +348,101 @@ def time_stages(count: int) -> None:
     time_pipeline_overhead(jpegs)
 
 
+def _gil_inputs(jpegs: list[bytes]) -> dict[str, list]:
+    """Each piece's inputs for `time_gil`: the records and the outputs of the piece before."""
+    box = np.asarray([[[0.0, 0.0, 1.0, 1.0]]], np.float32)
+    out: dict[str, list] = {"jpegs": jpegs, "windows": [], "crops": []}
+    out["records"] = [
+        data.make_example({"image/encoded": j, "image/class/label": 0}) for j in jpegs
+    ]
+    for k, jpeg in enumerate(jpegs):
+        shape = image.extract_jpeg_shape(jpeg)
+        begin, size, _ = image.sample_distorted_bounding_box(
+            shape, box, seed=k, use_image_if_no_bounding_boxes=True
+        )
+        out["windows"].append(np.stack([begin[0], begin[1], size[0], size[1]]))
+        out["crops"].append(image.decode_and_crop_jpeg(jpeg, out["windows"][-1], channels=3))
+    out["flipped"] = [image.random_flip_left_right(c) for c in out["crops"]]
+    out["resized"] = [image.resize(f, SIZE) for f in out["flipped"]]
+    return out
+
+
+BOX = np.asarray([[[0.0, 0.0, 1.0, 1.0]]], np.float32)
+# The TF port's pieces as `time_gil` times them: (k, inputs) -> the piece's output.
+GIL_STAGES = {
+    "pure Python (reference: holds the GIL throughout)": lambda k, i: sum(range(3000)),
+    "hashlib.sha256 of 200 KB (reference: one GIL release)": (
+        lambda k, i: hashlib.sha256(bytes(200_000))
+    ),
+    "parse_single_example": lambda k, i: data.parse_single_example(i["records"][k], SPEC),
+    "extract_jpeg_shape + sample_distorted_bounding_box": lambda k, i: (
+        image.sample_distorted_bounding_box(
+            image.extract_jpeg_shape(i["jpegs"][k]),
+            BOX,
+            min_object_covered=0.1,
+            aspect_ratio_range=[0.75, 1.33],
+            area_range=[0.05, 1.0],
+            max_attempts=100,
+            use_image_if_no_bounding_boxes=True,
+        )
+    ),
+    "decode_and_crop_jpeg": lambda k, i: image.decode_and_crop_jpeg(
+        i["jpegs"][k], i["windows"][k], 3
+    ),
+    "random_flip_left_right": lambda k, i: image.random_flip_left_right(i["crops"][k]),
+    "resize 224 (bilinear, float32)": lambda k, i: image.resize(i["flipped"][k], SIZE),
+    "/ 255.0": lambda k, i: i["resized"][k] / 255.0,
+    "TF port, whole map function": lambda k, i: preprocess_tf_port(i["records"][k]),
+    "fused uint8, whole map function (preprocess)": lambda k, i: preprocess(i["records"][k]),
+}
+
+
+def time_gil(count: int, rounds: int) -> None:
+    """Per image, for each piece of the TF port and the whole map functions: the GIL-held
+    time (gil_probe.py's probe; each release and take-back of the GIL adds a hand-over, the
+    sha256 row shows one), the wall time, and the time on a 16x16 JPEG (Python's own cost
+    and the native calls' fixed cost). Then the TF port's pipeline at 1 and 2 workers.
+    The median of `rounds`: a busy neighbour moves single readings either way.
+    """
+    from gil_probe import GilProbe, held_per_call
+
+    jpegs = make_jpegs(count)
+    real = _gil_inputs(jpegs)
+    tiny = _gil_inputs([image_bytes(np.full((16, 16, 3), 90, np.uint8))] * count)
+    readings: dict[str, list[tuple[float, float, float]]] = {name: [] for name in GIL_STAGES}
+    for _ in range(rounds):
+        for name, stage in GIL_STAGES.items():
+            for k in range(min(count, 10)):
+                stage(k, real)
+            held, wall = held_per_call(lambda k, stage=stage: stage(k, real), count)
+            began = time.perf_counter()
+            for k in range(count):
+                stage(k, tiny)
+            readings[name].append((held, wall, (time.perf_counter() - began) / count))
+    print(f"\n## GIL-held time per image, {count} JPEGs 500x375, median of {rounds}\n")
+    print("| piece | GIL held, us | wall, us | wall on a 16x16 JPEG, us |\n|---|---|---|---|")
+    for name, values in readings.items():
+        held, wall, small = (sorted(c)[len(c) // 2] for c in zip(*values, strict=True))
+        print(f"| {name} | {1e6 * held:.1f} | {1e6 * wall:.1f} | {1e6 * small:.1f} |")
+    with tempfile.TemporaryDirectory() as folder:
+        paths, _ = write_files(Path(folder), jpegs)
+        print(
+            "\n| TF port pipeline (batch 64) | GIL held per image, us | images/s |\n|---|---|---|"
+        )
+        for workers in (1, 2):
+            pipeline = phalanx_pipeline(paths, workers, preprocess_tf_port)
+            epoch_rate(pipeline, count)  # warm-up
+            runs = []
+            for _ in range(rounds):
+                with GilProbe() as probe:
+                    batches = sum(1 for _ in pipeline)
+                if batches != -(-count // BATCH):
+                    raise RuntimeError(f"an epoch gave {batches} batches")
+                runs.append((probe.held / count, count / probe.wall))
+            held, rate = (sorted(c)[len(c) // 2] for c in zip(*runs, strict=True))
+            print(f"| {workers} worker{'s' * (workers > 1)} | {1e6 * held:.1f} | {rate:,.0f} |")
+
+
 def time_pipeline_overhead(jpegs: list[bytes]) -> None:
     """CPU per record of the pipeline around the map: records -> a map that returns a
     constant image -> batch 64, with the map inline and in 1 and 2 threads (best of 6 passes)."""
@@ -452,6 +557,9 @@ def main() -> None:
     parser.add_argument("--no-grain", action="store_true", help="skip Grain")
     parser.add_argument("--stages", action="store_true", help="time the pieces per image")
     parser.add_argument(
+        "--gil", action="store_true", help="GIL-held time per image of the TF port's pieces"
+    )
+    parser.add_argument(
         "--processes", action="store_true", help="add phalanx mapped in worker processes"
     )
     parser.add_argument(
@@ -468,6 +576,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.stages:
         time_stages(args.images)
+        return
+    if args.gil:
+        time_gil(args.images, args.rounds)
         return
 
     try:
@@ -533,7 +644,11 @@ def main() -> None:
             f"\n## {args.images} JPEGs 500x375 (mean {mean_kib:.1f} KiB) in 8 TFRecord files, "
             f"batch {BATCH}, {cores} cores; best of {args.rounds} interleaved epochs"
         )
-        names = sorted({name for name, _ in variants}, key=lambda n: (not n.startswith("tf"), n))
+        # tf.data first, then what a user porting its preprocessing gets, then the rest.
+        names = sorted(
+            {name for name, _ in variants},
+            key=lambda n: (not n.startswith("tf"), "TF port" not in n, n),
+        )
         label = {
             w: ("AUTOTUNE" if w == 0 else f"{w} worker{'s' if w > 1 else ''}") for w in args.workers
         }

@@ -4,7 +4,8 @@ A TF preprocessing function ports with renames (`tf.image.resize` -> `image.resi
 `tf.io.decode_jpeg` -> `image.decode_jpeg`). JPEGs decode with libjpeg-turbo through
 simplejpeg (the GIL released; Pillow where simplejpeg is missing), the bilinear resize
 runs in OpenCV where it is installed, and `decode_crop_resize_flip` /
-`decode_random_resized_crop` do TF's ResNet training crop in one native call into uint8.
+`decode_random_resized_crop` do TF's ResNet training crop in one native call into uint8;
+`backends()` says which library computes each path's pixels.
 Random ops inside `Dataset.map` are reproducible: they draw from a stream keyed by the
 element's position.
 
@@ -16,6 +17,7 @@ Example:
   >>> ds = records.map(preprocess, num_parallel_calls=data.AUTOTUNE).batch(64)
 """
 
+from phalanx._src.image.backends import backends as backends
 from phalanx._src.image.boxes import sample_distorted_bounding_box as sample_distorted_bounding_box
 from phalanx._src.image.boxes import (
     stateless_sample_distorted_bounding_box as stateless_sample_distorted_bounding_box,
@@ -66,6 +68,7 @@ __all__ = [
     "adjust_contrast",
     "adjust_hue",
     "adjust_saturation",
+    "backends",
     "central_crop",
     "convert_image_dtype",
     "crop_to_bounding_box",

@@ -85,12 +85,31 @@ def test_grayscale_and_nearest():
     np.testing.assert_array_equal(nearest, reference)
 
 
+def _crops(data: bytes, count: int, seed: int | None) -> list[np.ndarray]:
+    return [image.decode_random_resized_crop(data, (24, 24), seed=seed) for _ in range(count)]
+
+
 def test_random_resized_crop_is_reproducible_and_in_range():
+    from phalanx._src.image import randomness
+
     data = _photo()
-    first = image.decode_random_resized_crop(data, (24, 24), seed=3)
-    again = image.decode_random_resized_crop(data, (24, 24), seed=3)
-    assert first.shape == (24, 24, 3) and first.dtype == np.uint8
-    assert not np.array_equal(first, again)  # an op seed gives a sequence, as TF's
+    # Inside a map: the crops are a function of the element's stream (and the op seed).
+    with randomness.element_stream((7, 0, 11)):
+        first = _crops(data, 3, seed=3)
+    with randomness.element_stream((7, 0, 11)):
+        again = _crops(data, 3, seed=3)
+    with randomness.element_stream((7, 0, 12)):
+        other = _crops(data, 3, seed=3)
+    assert all(c.shape == (24, 24, 3) and c.dtype == np.uint8 for c in first)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+    # An op seed gives a sequence, as TF's: successive calls differ.
+    assert not np.array_equal(first[0], first[1]) or not np.array_equal(first[1], first[2])
+    # Outside a map without a seed: NumPy's global generator, so np.random.seed repeats them.
+    np.random.seed(5)
+    unseeded = _crops(data, 3, seed=None)
+    np.random.seed(5)
+    assert all(np.array_equal(a, b) for a, b in zip(unseeded, _crops(data, 3, None), strict=True))
 
 
 @pytest.mark.parametrize("method", ["bilinear", "bicubic", "lanczos3"])
@@ -120,3 +139,63 @@ def test_without_simplejpeg_pillow_decodes(monkeypatch):
     # Pillow's libjpeg uses the accurate IDCT: within a few levels of the fast one.
     assert np.abs(full.astype(int) - decode.decode_jpeg_scaled(data, 3).astype(int)).max() <= 4
     assert np.abs(pillow.astype(int) - with_turbo.astype(int)).mean() < 2
+
+
+@pytest.mark.parametrize("dct_method", ["", "INTEGER_ACCURATE"])
+def test_random_resized_crop_without_scaling_equals_the_ported_ops(dct_method, backend):
+    from phalanx._src.image import randomness
+
+    data = _photo(300, 400)
+    words = (3, 1, 4)
+    with randomness.element_stream(words):
+        fused = image.decode_random_resized_crop(
+            data, (48, 40), scaled_decode=False, dct_method=dct_method
+        )
+    with randomness.element_stream(words):  # the same numbers, drawn by the unfused ops
+        begin, size, _ = image.sample_distorted_bounding_box(
+            image.extract_jpeg_shape(data), [[[0.0, 0.0, 1.0, 1.0]]], min_object_covered=0.1,
+            aspect_ratio_range=(0.75, 1.33), area_range=(0.05, 1.0), max_attempts=100,
+        )  # fmt: skip
+        window = [begin[0], begin[1], size[0], size[1]]
+        crop = image.decode_and_crop_jpeg(data, window, 3, dct_method=dct_method)
+        reference = image.resize(image.random_flip_left_right(crop), (48, 40))
+    assert np.abs(fused - reference).max() <= BILINEAR_TOLERANCE[backend]
+
+
+def test_dct_method_is_honoured_and_checked():
+    data = _photo(300, 400)
+    window = (0, 0, 300, 400)
+    fast, accurate = (
+        image.decode_crop_resize_flip(data, window, (300, 400), dct_method=m, scaled_decode=False)
+        for m in ("INTEGER_FAST", "INTEGER_ACCURATE")
+    )
+    default = image.decode_crop_resize_flip(data, window, (300, 400), scaled_decode=False)
+    assert np.array_equal(default, fast) and not np.array_equal(fast, accurate)
+    with pytest.raises(ValueError, match="dct_method must be ''"):
+        image.decode_random_resized_crop(data, (8, 8), dct_method="ACCURATE")
+
+
+def test_backends_name_the_library_of_each_path(monkeypatch):
+    from phalanx._src.image import opencv
+
+    paths = image.backends()
+    assert set(paths) == {"jpeg", "resize", "fused_resize", "fused_antialias", "flip", "png"}
+    if opencv.version() is not None:
+        assert "OpenCV" in paths["fused_resize"] and "OpenCV" in paths["resize"]
+    monkeypatch.setattr(opencv, "_cv2", None)
+    assert image.backends()["fused_resize"].startswith("NumPy")
+
+
+def test_opencv_runs_one_thread_once_phalanx_calls_it(monkeypatch):
+    cv2 = pytest.importorskip("cv2", reason="OpenCV is phalanx's `image` extra")
+    from phalanx._src.image import opencv
+
+    monkeypatch.setattr(opencv, "_sequential", False)
+    cv2.setNumThreads(2)
+    image.resize(np.zeros((20, 30, 3), np.uint8), (8, 8))
+    # Its own pool beside the map's threads burned CPU spinning (opencv.py's docstring).
+    assert cv2.getNumThreads() == 1
+    cv2.setNumThreads(4)  # a user who wants the pool back sets it after the first call
+    image.resize(np.zeros((20, 30, 3), np.uint8), (8, 8))
+    assert cv2.getNumThreads() == 4
+    cv2.setNumThreads(1)

@@ -184,3 +184,49 @@ def test_random_resized_crop_reads_the_jpeg_header_once(monkeypatch):
     with randomness.element_stream((1, 2, 3)):
         fused.decode_random_resized_crop(buffer.getvalue(), (16, 16), antialias=False)
     assert len(parses) == 1
+
+
+def test_a_ported_calls_array_boxes_and_list_ranges_are_prepared_once():
+    # TF's examples pass the boxes as an array and the ranges as lists: neither hashable.
+    shape = np.array([375, 500, 3], np.int32)
+    box = np.asarray([[[0.0, 0.0, 1.0, 1.0]]], np.float32)
+    boxes._remembered_preparation.cache_clear()
+    for seed in range(3):
+        boxes.sample_distorted_bounding_box(
+            shape, box, seed, 0.1, [0.75, 1.33], [0.05, 1.0], 100, True
+        )
+    info = boxes._remembered_preparation.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+    # Another array of the same shape is another key, never a stale preparation.
+    boxes.sample_distorted_bounding_box(shape, box / 2, 0, 0.1, [0.75, 1.33], [0.05, 1.0], 100)
+    assert boxes._remembered_preparation.cache_info().misses == 2
+
+
+def test_a_ported_function_parses_each_jpeg_header_once(monkeypatch):
+    simplejpeg = decode.simplejpeg_module()
+    if simplejpeg is None:
+        pytest.skip("without simplejpeg the header is Pillow's")
+    from PIL import Image
+
+    parses = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(simplejpeg, name)
+
+        def decode_jpeg_header(self, data):
+            parses.append(len(data))
+            return simplejpeg.decode_jpeg_header(data)
+
+    monkeypatch.setattr(decode, "_simplejpeg", Counting())
+    files = []
+    for value in (10, 200):
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((60, 80, 3), value, np.uint8)).save(buffer, format="JPEG")
+        files.append(buffer.getvalue())
+    for data in files:  # extract_jpeg_shape, then decode_and_crop_jpeg: as TF's ResNet code
+        shape = decode.extract_jpeg_shape(data)
+        crop = decode.decode_and_crop_jpeg(data, [1, 2, 30, 40], 3)
+        assert shape.tolist() == [60, 80, 3] and crop.shape == (30, 40, 3)
+        np.testing.assert_array_equal(crop, decode.decode_jpeg(data, 3)[1:31, 2:42])
+    assert len(parses) == 2  # one per file: each file's own header, parsed once

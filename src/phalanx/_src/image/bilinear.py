@@ -1,8 +1,9 @@
-"""TF's bilinear resize without antialias, of a window, into uint8: the fused path's resize.
+"""TF2's bilinear resize without antialias, of a window, into uint8: the fused path's resize.
 
-`tf.image.resize(..., "bilinear")` (antialias=False, TF's official ResNet preprocessing)
-reads two rows and two columns per output pixel. Here, with the taps of
-`resample.bilinear_taps` (the window and a flip already folded in):
+`tf.image.resize(..., "bilinear")` (TF2: antialias=False, half-pixel centres; not TF1's
+`tf.compat.v1.image.resize`, which TF's official ResNet-50 preprocessing calls and which
+samples without the half-pixel offset) reads two rows and two columns per output pixel.
+Here, with the taps of `resample.bilinear_taps` (the window and a flip already folded in):
 
 1. the two source rows of every output row are copied (a row gather is a memcpy), only
    over the columns the window reads;

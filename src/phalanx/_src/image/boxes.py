@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.image import randomness
+from phalanx._src.image import decode, randomness
 
 _FLOAT32 = struct.Struct("f")  # packing a C float rounds to float32 as np.float32 does
 _pack, _unpack = _FLOAT32.pack, _FLOAT32.unpack
@@ -110,12 +110,10 @@ def _crop_window(
     """The sampled crop as (y, x, height, width), in Python: no NumPy scalar on the way."""
     setup = (height, width, bounding_boxes, aspect_ratio_range, area_range, max_attempts,
              use_image_if_no_bounding_boxes)  # fmt: skip
-    try:
-        hash(setup)
-    except TypeError:  # a list or an array among them: prepared on every call
-        prepared = _prepare(setup)
-    else:
-        prepared = _remembered_preparation(setup)
+    key = tuple([_hashable(value) for value in setup])
+    # Something with no small hashable stand-in is prepared on every call.
+    unhashable = any(part is _UNHASHABLE for part in key)
+    prepared = _prepare(setup) if unhashable else _remembered_preparation(key)
     boxes, min_area, max_area, low, high, attempts = prepared
     integers = randomness.integers_of(rng)  # rng.random() below is uniform(0, 1)'s number
     for _ in range(attempts):
@@ -125,6 +123,43 @@ def _crop_window(
             x0, y0, x1, y1 = crop
             return y0, x0, y1 - y0, x1 - x0
     return 0, 0, height, width
+
+
+_NUMBERS = frozenset((int, float, bool, type(None)))
+_UNHASHABLE = object()  # `_hashable`'s answer for a value with no cache key
+
+
+class _Frozen(tuple):
+    """A small array as a hashable (dtype, shape, bytes), for `_prepare`'s cache key."""
+
+    def thaw(self) -> np.ndarray:
+        return np.frombuffer(self[2], self[0]).reshape(self[1])
+
+
+def _hashable(value: Any) -> Any:
+    """`value` as a cache key equal for equal values, or `_UNHASHABLE`.
+
+    A ported TF function passes the boxes as an array and the ranges as lists (as TF's
+    examples do); as keys (a frozen array, tuples) they are prepared once, not per call.
+    """
+    kind = type(value)
+    if kind in _NUMBERS:
+        return value
+    if kind is list or kind is tuple:
+        if all(type(item) in _NUMBERS for item in value):  # the ranges: the usual case
+            return tuple(value)
+        items = tuple([_hashable(item) for item in value])
+        nested = any(item is _UNHASHABLE or type(item) is _Frozen for item in items)
+        return _UNHASHABLE if nested else items
+    if isinstance(value, np.ndarray):
+        return (
+            _Frozen((value.dtype.str, value.shape, value.tobytes())) if value.size <= 256 else None
+        )
+    try:
+        hash(value)
+    except TypeError:
+        return _UNHASHABLE
+    return value
 
 
 def _prepare(
@@ -138,7 +173,9 @@ def _prepare(
     hashable ones are prepared once and remembered.
     """
     (height, width, bounding_boxes, aspect_ratio_range, area_range, max_attempts,
-     use_image_if_no_bounding_boxes) = setup  # fmt: skip
+     use_image_if_no_bounding_boxes) = (
+        part.thaw() if type(part) is _Frozen else part for part in setup
+    )  # fmt: skip
     if not (0 < area_range[0] <= area_range[1] <= 1.0):
         raise ValueError(f"area_range must satisfy 0 < low <= high <= 1, got {area_range!r}")
     if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
@@ -176,10 +213,12 @@ def _sample(
     max_attempts: int,
     use_image_if_no_bounding_boxes: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    size = np.asarray(image_size).reshape(-1)
-    if size.shape[0] != 3:
-        raise ValueError(f"image_size must be [height, width, channels], got {image_size!r}")
-    height, width = int(size[0]), int(size[1])
+    try:
+        height, width, _ = decode.as_ints(image_size, 3)
+    except ValueError:
+        raise ValueError(
+            f"image_size must be [height, width, channels], got {image_size!r}"
+        ) from None
     if height <= 0 or width <= 0:
         raise ValueError(f"image_size must be positive, got {image_size!r}")
     y, x, h, w = _crop_window(

@@ -2,17 +2,29 @@
 
 JPEGs are decoded by simplejpeg (libjpeg-turbo; it releases the GIL for the whole decode,
 so threads scale) when it is installed, by Pillow otherwise; PNGs and other formats by
-Pillow. Both libjpeg-turbo paths use the accurate integer IDCT and fancy upsampling, TF's
-defaults, so the pixels equal tf.io.decode_jpeg's on the same file.
+Pillow. `dct_method` has TF's meaning: TF's JPEG ops decode with libjpeg's fast integer
+IDCT (JDCT_IFAST) unless given "INTEGER_ACCURATE", so "" and "INTEGER_FAST" are the fast
+IDCT and "INTEGER_ACCURATE" the accurate one. With simplejpeg, which honours it and
+upsamples chroma with libjpeg's "fancy" filter as TF does, the pixels equal
+tf.io.decode_jpeg's for the same `dct_method`. Pillow's fallback always uses the accurate
+IDCT (within a few levels of the fast one); `backends()` says which decoder runs.
 
 A decoder may also scale by N/8 (N = 1..8) inside the IDCT, which costs a fraction of a full
 decode: `decode_jpeg_scaled` picks the smallest such scale that keeps a given region at
 least a given size, which is what a crop-then-resize pipeline needs.
+
+`decode_and_crop_jpeg` decodes the whole image and returns the window as a view. TF's
+kernel decodes only the window's rows and iMCU columns (libjpeg-turbo's
+`jpeg_crop_scanline` / `jpeg_skip_scanlines`); no wheel that installs without a compiler
+exposes that API (simplejpeg, imagecodecs, OpenCV and Pillow decode whole images, scaled
+at most; pyvips-binary crops after a sequential decode, measured at 2.3x simplejpeg's full
+decode on the benchmark's 500x375 photos).
 """
 
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -69,6 +81,8 @@ def as_ints(values: Any, count: int) -> tuple[int, ...]:
         and all(type(v) is int for v in values)
     ):
         return tuple(values)
+    if type(values) is np.ndarray and values.size == count and values.dtype.kind in "iu":
+        return tuple(values.ravel().tolist())  # extract_jpeg_shape's, a stacked window
     return tuple(int(v) for v in np.asarray(values).reshape(count))
 
 
@@ -106,19 +120,40 @@ def pillow_to_array(image: Any, channels: int, dtype: Any = np.uint8) -> np.ndar
     return array.astype(dtype, copy=False)
 
 
+class _LastHeader(threading.local):
+    """This thread's last parsed header, by the bytes object: a ported TF function reads the
+    same bytes with extract_jpeg_shape and then decode_and_crop_jpeg. simplejpeg releases the
+    GIL even for the header's microsecond, and with several threads each release costs a
+    hand-over; the second parse is skipped. (bytes are immutable: the same object has the
+    same header.)"""
+
+    data: bytes | None = None
+    header: tuple[int, int, int] | None = None
+
+
+_last_header = _LastHeader()
+
+
 def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     """(height, width, channels) from simplejpeg's header parse, None if it cannot tell."""
     if _simplejpeg is None:
         return None
+    last = _last_header
+    if last.data is data:
+        return last.header
     try:
         height, width, colorspace, _ = _simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return None
     if colorspace == "Gray":
-        return height, width, 1
-    if colorspace in ("YCbCr", "RGB"):
-        return height, width, 3
-    return None  # CMYK / YCCK: Pillow converts those
+        header = height, width, 1
+    elif colorspace in ("YCbCr", "RGB"):
+        header = height, width, 3
+    else:
+        header = None  # CMYK / YCCK: Pillow converts those
+    if type(data) is bytes:
+        last.data, last.header = data, header
+    return header
 
 
 def extract_jpeg_shape(contents: Any) -> np.ndarray:
@@ -162,12 +197,17 @@ def scaled_size(size: int, eighths: int) -> int:
 
 
 def check_dct_method(dct_method: str) -> bool:
-    """Whether `dct_method` (TF's names) asks for libjpeg's fast integer IDCT."""
+    """Whether `dct_method` (TF's names) asks for libjpeg's fast integer IDCT.
+
+    TF's decode kernels map "" and "INTEGER_FAST" to JDCT_IFAST ("sacrificing image
+    quality for speed", their comment says) and "INTEGER_ACCURATE" to JDCT_ISLOW.
+    """
     if dct_method not in ("", "INTEGER_FAST", "INTEGER_ACCURATE"):
         raise ValueError(
-            f"dct_method must be '', 'INTEGER_FAST' or 'INTEGER_ACCURATE', got {dct_method!r}"
+            f"dct_method must be '' (TF's default: the fast IDCT), 'INTEGER_FAST' or "
+            f"'INTEGER_ACCURATE', got {dct_method!r}; e.g. dct_method='INTEGER_ACCURATE'"
         )
-    return dct_method != "INTEGER_ACCURATE"  # TF's default, "", is the fast IDCT
+    return dct_method != "INTEGER_ACCURATE"
 
 
 def decode_jpeg_scaled(
@@ -243,13 +283,14 @@ def decode_jpeg(
 
     With libjpeg-turbo (simplejpeg) the pixels equal TF's for the same `dct_method`; the
     Pillow fallback always uses the accurate IDCT (within 3 levels of the fast one).
+    `backends()["jpeg"]` says which decoder runs.
 
     Args:
       contents: the file's bytes (`read_file(path)` or Python bytes).
       channels: 0 keeps the file's channels; 1 grayscale, 3 RGB.
       ratio: 1, 2, 4 or 8: decode at 1/ratio scale in the DCT domain (as TF's `ratio`).
-      dct_method: "" (TF's default: the fast integer IDCT), "INTEGER_FAST" or
-        "INTEGER_ACCURATE".
+      dct_method: as TF's: "" (the default) and "INTEGER_FAST" decode with libjpeg's fast
+        integer IDCT, "INTEGER_ACCURATE" with the accurate one.
 
     Returns:
       A uint8 array (height, width, channels); sizes with `ratio` round up as libjpeg's.

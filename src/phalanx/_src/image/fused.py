@@ -1,7 +1,9 @@
 """Decode, crop, resize and flip a JPEG in one pass: the fast path of image pipelines.
 
-TF's ResNet preprocessing decodes the crop window (`decode_and_crop_jpeg`), resizes it to
-224x224 in float32 and flips it: three passes over the pixels. Here:
+TF's ResNet-50 training preprocessing decodes the crop window (`decode_and_crop_jpeg`),
+flips it and resizes it to 224x224 in float32: three passes over the pixels. Here (with
+TF2's `tf.image.resize` as the resize: half-pixel centres; TF's official code calls TF1's
+`tf.compat.v1.image.resize(align_corners=False)`, whose sampling differs):
 
 1. the JPEG is decoded at the smallest of 1/8, 1/4, 1/2 or full scale (libjpeg-turbo's
    DCT-domain scaling) at which the crop window still has at least the output's size, which skips
@@ -22,7 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.image import bilinear, boxes, decode, opencv, randomness, resample, resize
+from phalanx._src.image import (
+    backends,
+    bilinear,
+    boxes,
+    decode,
+    opencv,
+    randomness,
+    resample,
+    resize,
+)
 
 
 def _scale_eighths(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
@@ -72,7 +83,8 @@ def decode_crop_resize_flip(
         at the window's edges it reads the real neighbouring pixels where cropping first
         repeats the edge (within 2 levels of the unfused ops).
       scaled_decode: decode at a reduced DCT scale when the window allows.
-      dct_method: as `decode_jpeg`'s ("" is TF's default, the fast integer IDCT).
+      dct_method: as `decode_jpeg`'s (TF's: "" and "INTEGER_FAST" are the fast integer
+        IDCT, "INTEGER_ACCURATE" the accurate one).
       out: an optional preallocated uint8 array (height, width, channels) to write into.
 
     Returns:
@@ -116,6 +128,7 @@ def _decode_crop_resize_flip(
     """`decode_crop_resize_flip` of checked arguments: the JPEG's bytes, the window and
     size as Python ints, `fast_dct` from `decode.check_dct_method`, and
     `decode.jpeg_header(data)`."""
+    backends.announce()
     y, x, h, w = window
     out_h, out_w = size
     height, width, _ = decode.jpeg_shape(data, header)
@@ -140,7 +153,7 @@ def _decode_crop_resize_flip(
             return fast_path
     image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast_dct, header)
     fy, fx = image.shape[0] / height, image.shape[1] / width
-    if method == "bilinear" and not antialias and opencv.usable(out):  # TF's ResNet resize
+    if method == "bilinear" and not antialias and opencv.usable(out):  # tf.image.resize's
         return opencv.resize_window_into(image, (y * fy, x * fx, h * fy, w * fx), flip, out)
     rows = resample.taps_for(method, antialias, image.shape[0], out_h, y * fy, h * fy)
     cols = resample.taps_for(method, antialias, image.shape[1], out_w, x * fx, w * fx)
@@ -149,7 +162,7 @@ def _decode_crop_resize_flip(
     if method == "nearest":
         np.take(np.take(image, rows.index[:, 0], 0), cols.index[:, 0], 1, out=out)
         return out
-    if method == "bilinear" and not antialias:  # TF's ResNet resize: two taps a pixel
+    if method == "bilinear" and not antialias:  # tf.image.resize's: two taps a pixel
         return bilinear.resize_into(image, rows, cols, out)
     pixels = resample.resample(image, rows, cols, scratch=True)  # this thread's work array
     np.rint(pixels, out=pixels)
@@ -214,13 +227,17 @@ def decode_random_resized_crop(
     seed: int | None = None,
     channels: int = 3,
     antialias: bool = False,
+    scaled_decode: bool = True,
+    dct_method: str = "",
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Inception's training crop of a JPEG (TF's ResNet preprocessing), fused, as uint8.
+    """Inception's training crop of a JPEG (TF's ResNet-50 preprocessing), fused, as uint8.
 
     `sample_distorted_bounding_box` on the JPEG's header, then `decode_crop_resize_flip`
     with a random left-right flip: what TF's official ResNet-50 input pipeline does with
-    `decode_and_crop_jpeg`, `resize` and `random_flip_left_right`, in one pass. Inside
+    `decode_and_crop_jpeg`, `random_flip_left_right` and a bilinear resize, in one pass.
+    The resize is TF2's `tf.image.resize` (half-pixel centres), not the TF1
+    `tf.compat.v1.image.resize(align_corners=False)` the official code calls. Inside
     `Dataset.map` the crop and flip are functions of the element's position.
 
     Args:
@@ -232,9 +249,15 @@ def decode_random_resized_crop(
       random_flip: flip left-right with probability 1/2.
       seed: an op-level seed (int) or None.
       channels: 1 or 3.
-      antialias: as `resize`'s, and False by default as there: TF's ResNet resize (two
-        taps per pixel, one OpenCV call). True filters the downscale (Pillow's resampler
-        in C; about twice the CPU per ImageNet-sized photo, the benchmark's --stages).
+      antialias: as `resize`'s, and False by default as there: `tf.image.resize`'s
+        bilinear (two taps per pixel, one OpenCV call). True filters the downscale
+        (Pillow's resampler in C; about twice the CPU per ImageNet-sized photo, the
+        benchmark's --stages).
+      scaled_decode: decode at a reduced DCT scale when the window allows (faster; the
+        pixels then differ from a full decode's by a few levels). False decodes at full
+        size, so the result is `resize(decode_and_crop_jpeg(...))`'s rounded to uint8.
+      dct_method: TF's: "" (the default) and "INTEGER_FAST" decode with libjpeg's fast
+        integer IDCT, "INTEGER_ACCURATE" with the accurate one.
       out: an optional preallocated uint8 output.
 
     Returns:
@@ -245,6 +268,7 @@ def decode_random_resized_crop(
       ...                             r["label"]), num_parallel_calls=AUTOTUNE)
     """
     data = decode.as_bytes(contents, "decode_random_resized_crop")
+    fast = decode.check_dct_method(dct_method)
     rng = randomness.generator(seed)
     header = decode.jpeg_header(data)  # parsed once for the crop and the decode
     height, width, _ = decode.jpeg_shape(data, header)
@@ -263,5 +287,6 @@ def decode_random_resized_crop(
     decode.check_channels(channels, (1, 3))
     out_size = decode.as_ints(size, 2)
     return _decode_crop_resize_flip(
-        data, window, out_size, flip, channels, "bilinear", antialias, True, True, out, header
-    )
+        data, window, out_size, flip, channels, "bilinear", antialias, scaled_decode, fast, out,
+        header,
+    )  # fmt: skip

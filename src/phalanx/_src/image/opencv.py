@@ -1,6 +1,8 @@
-"""TF's bilinear resize of a window, flipped, into uint8, by OpenCV: one native call, GIL free.
+"""TF2's bilinear resize of a window, flipped, into uint8, by OpenCV: one native call, GIL free.
 
-`tf.image.resize(..., "bilinear")` without antialias (TF's official ResNet preprocessing)
+`tf.image.resize(..., "bilinear")` without antialias (TF2's; TF1's
+`tf.compat.v1.image.resize(align_corners=False)`, which TF's official ResNet-50
+preprocessing calls, samples at i * scale instead and is not what this computes)
 maps output pixel i to source coordinate (i + 0.5) * scale - 0.5, clamped to the image,
 and mixes the two neighbours on each axis. OpenCV's `INTER_LINEAR` uses the same formula
 with 11-bit fixed-point weights, so its uint8 result is within 1 level of TF's float
@@ -26,9 +28,20 @@ on values up to 255), at ~1/8 of the NumPy taps' time on a 224x224 output.
 
 OpenCV (opencv-python-headless, phalanx's `image` extra) is optional: without it both
 fall back to NumPy (`bilinear`, `resample`).
+
+phalanx's map threads are the parallelism, as tf.data runs each op with an intra-op
+parallelism of 1: the first OpenCV call here switches OpenCV to one thread
+(`cv2.setNumThreads(1)`, process-wide). Its own pool (a thread per core, spinning between
+calls) otherwise ran beside the map's threads: on 2 cores it burned 0.4 ms of CPU per image
+of the TF port's pipeline with one map thread (863 against 1,330 images per CPU-second) and
+would contend with 8-16 map threads on a larger host. Call `cv2.setNumThreads(n)` after
+phalanx.image's first call to give OpenCV its pool back.
 """
 
 from __future__ import annotations
+
+import threading
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +53,25 @@ try:  # optional (phalanx's `image` extra)
     import cv2 as _cv2
 except ImportError:  # pragma: no cover - exercised where OpenCV is missing
     _cv2 = None
+
+_sequential = False  # whether OpenCV has been set to one thread (module docstring)
+_sequential_lock = threading.Lock()
+
+
+def _cv() -> Any:
+    """OpenCV, switched to one thread on first use (the module docstring says why)."""
+    global _sequential
+    if not _sequential:
+        with _sequential_lock:  # phalanx's other first callers wait outside OpenCV
+            if not _sequential:
+                _cv2.setNumThreads(1)
+                _sequential = True
+    return _cv2
+
+
+def version() -> str | None:
+    """OpenCV's version, or None where it is not installed (the NumPy paths run)."""
+    return None if _cv2 is None else _cv2.__version__
 
 
 def usable(out: np.ndarray) -> bool:
@@ -68,29 +100,30 @@ def resize_window_into(
     """
     if _cv2 is None:  # pragma: no cover - callers check usable()
         raise ImportError("OpenCV is not installed: pip install 'phalanx[image]'")
+    cv = _cv()
     y, x, h, w = window
     out_h, out_w, channels = out.shape
     target = out if channels > 1 else out.reshape(out_h, out_w)
     source = image if channels > 1 else image.reshape(image.shape[:2])
     if all(float(v).is_integer() for v in window):
         y0, x0, y1, x1 = int(y), int(x), int(y + h), int(x + w)
-        resized = _cv2.resize(source[y0:y1, x0:x1], (out_w, out_h), target, 0, 0, _cv2.INTER_LINEAR)
+        resized = cv.resize(source[y0:y1, x0:x1], (out_w, out_h), target, 0, 0, cv.INTER_LINEAR)
         _check_in_place(resized, target, "resize")
         if flip:
-            _check_in_place(_cv2.flip(target, 1, target), target, "flip")
+            _check_in_place(cv.flip(target, 1, target), target, "flip")
         return out
     sy, sx = h / out_h, w / out_w
     # dst (i, j) samples src (y + (i + 0.5) * sy - 0.5, x + (j + 0.5) * sx - 0.5); a flip
     # reads column out_w - 1 - j instead.
     column = (-sx, x + (out_w - 0.5) * sx - 0.5) if flip else (sx, x + 0.5 * sx - 0.5)
     matrix = np.array([(column[0], 0.0, column[1]), (0.0, sy, y + 0.5 * sy - 0.5)], np.float64)
-    warped = _cv2.warpAffine(
+    warped = cv.warpAffine(
         source,
         matrix,
         (out_w, out_h),
         target,
-        _cv2.INTER_LINEAR | _cv2.WARP_INVERSE_MAP,
-        _cv2.BORDER_REPLICATE,
+        cv.INTER_LINEAR | cv.WARP_INVERSE_MAP,
+        cv.BORDER_REPLICATE,
     )
     _check_in_place(warped, target, "warpAffine")
     return out
@@ -117,7 +150,7 @@ def resize_float(image: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
     if _cv2 is None or image.dtype != np.float32 or image.shape[2] > _MAX_CHANNELS:
         return None
     out_h, out_w = size
-    resized = _cv2.resize(image, (out_w, out_h), interpolation=_cv2.INTER_LINEAR)
+    resized = _cv().resize(image, (out_w, out_h), interpolation=_cv2.INTER_LINEAR)
     return resized.reshape(out_h, out_w, image.shape[2])
 
 
@@ -135,6 +168,13 @@ def flip_left_right(images: np.ndarray) -> np.ndarray | None:
         return None
     if images.size == 0:  # (OpenCV returns None for an empty image)
         return images.copy()
+    if images.ndim == 3 and images.strides[1:] == (
+        images.shape[2] * images.itemsize,
+        images.itemsize,
+    ):
+        # One image whose pixels are contiguous rows (a crop of a decode is): OpenCV reads
+        # the rows in place, one pass.
+        return _cv().flip(images, 1).reshape(images.shape)  # (1 channel comes back 2-D)
     width, channels = images.shape[-2:]
     rows = np.ascontiguousarray(images).reshape(-1, width, channels)
-    return _cv2.flip(rows, 1).reshape(images.shape)
+    return _cv().flip(rows, 1).reshape(images.shape)

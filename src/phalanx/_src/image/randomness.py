@@ -142,7 +142,11 @@ def current_stream() -> ElementStream | None:
 
 
 def generator(seed: int | None) -> np.random.Generator | Any:
-    """The generator a stateful random op with op seed `seed` (or None) draws from."""
+    """The generator a stateful random op with op seed `seed` (or None) draws from.
+
+    A `np.random.Generator`, or outside a map without a seed the `np.random` module, whose
+    `random`, `uniform` and `randint` draw from NumPy's global generator.
+    """
     if seed is not None and not isinstance(seed, int | np.integer):
         raise TypeError(
             f"seed must be a Python int or None, got {type(seed).__name__}; for a pair of "
@@ -153,7 +157,9 @@ def generator(seed: int | None) -> np.random.Generator | Any:
     if stream is not None:
         return stream.generator(seed)
     if seed is None:
-        return np.random.mtrand._rand  # NumPy's global RandomState: np.random.seed applies
+        # NumPy's global RandomState through its public face: np.random.random, uniform and
+        # randint are that generator's bound methods, so np.random.seed applies.
+        return np.random
     with _op_lock:
         if int(seed) not in _op_generators:
             _op_generators[int(seed)] = _generator((2, int(seed) % 2**64))
@@ -171,16 +177,16 @@ def stateless_generator(seed: Any) -> np.random.Generator:
 
 
 def uniform(rng: Any, low: float, high: float, size: Any = None) -> Any:
-    """Uniform floats in [low, high) from a Generator or NumPy's RandomState."""
+    """Uniform floats in [low, high) from a Generator or NumPy's global generator."""
     return rng.uniform(low, high, size)
 
 
 def integers(rng: Any, high: int, size: Any = None) -> Any:
-    """Uniform ints in [0, high) from a Generator or NumPy's RandomState."""
+    """Uniform ints in [0, high) from a Generator or NumPy's global generator."""
     return integers_of(rng)(0, high, size)
 
 
 def integers_of(rng: Any) -> Callable[..., Any]:
-    """`rng`'s integers(low, high[, size]): Generator.integers or RandomState.randint (the
-    same draws by two names); a hot loop binds it once."""
+    """`rng`'s integers(low, high[, size]): Generator.integers, or np.random.randint for the
+    global generator (the same draws by two names); a hot loop binds it once."""
     return rng.integers if isinstance(rng, np.random.Generator) else rng.randint

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from phalanx._src.image import opencv, resample
+from phalanx._src.image import backends, decode, opencv, resample
 
 
 class ResizeMethod:
@@ -41,7 +41,10 @@ def check_method(method: str) -> str:
 
 
 def _target(height: int, width: int, size: Any, preserve_aspect_ratio: bool) -> tuple[int, int]:
-    new_h, new_w = (int(s) for s in np.asarray(size).reshape(-1))
+    try:
+        new_h, new_w = decode.as_ints(size, 2)
+    except ValueError:
+        raise ValueError(f"size must be two positive ints (height, width), got {size!r}") from None
     if new_h <= 0 or new_w <= 0:
         raise ValueError(f"size must be two positive ints (height, width), got {size!r}")
     if preserve_aspect_ratio:
@@ -61,7 +64,11 @@ def resize(
 ) -> np.ndarray:
     """Images resized to `size` (height, width), as tf.image.resize.
 
-    Pixel centres sit at half-integers (TF2's convention). `antialias=True` widens the
+    Pixel centres sit at half-integers, as TF2's `tf.image.resize`. TF1's
+    `tf.compat.v1.image.resize(..., align_corners=False)`, which TF's official ResNet-50
+    preprocessing (tensorflow/models, imagenet_preprocessing.py) calls, samples output
+    pixel i at i * scale without that offset, so its pixels differ from these (by up to a
+    few levels on detailed images). `antialias=True` widens the
     kernel when shrinking so every input pixel contributes (TF's ScaleAndTranslate);
     lanczos3/5, gaussian and mitchellcubic always use that path, and `area` averages the
     input each output pixel covers, as TF's.
@@ -85,6 +92,7 @@ def resize(
       >>> resize(image, (224, 224), antialias=True)       # as PIL's bilinear
     """
     check_method(method)
+    backends.announce()
     array = np.asarray(images)
     if array.ndim not in (3, 4):
         raise ValueError(
@@ -97,11 +105,9 @@ def resize(
         )
     height, width = array.shape[:2]
     new_h, new_w = _target(height, width, size, preserve_aspect_ratio)
-    if method != "nearest" and (
-        not np.issubdtype(array.dtype, np.floating) or array.dtype == np.float64
-    ):
-        array = array.astype(np.float32)
-    if method == "bilinear" and not antialias:  # TF's default: OpenCV's float path, ~8x
+    if method != "nearest" and (array.dtype.kind != "f" or array.dtype.itemsize == 8):
+        array = array.astype(np.float32)  # one GIL-free pass; OpenCV reads it in place
+    if method == "bilinear" and not antialias:  # TF2's default: OpenCV's float path, ~8x
         resized = opencv.resize_float(array, (new_h, new_w))
         if resized is not None:
             return resized
