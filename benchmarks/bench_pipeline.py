@@ -303,6 +303,68 @@ def section_maps(args: argparse.Namespace) -> None:
     print("\n" + "\n".join(reports))
 
 
+TUNE_N, TUNE_BATCH = 1500, 64
+
+
+def svd_map(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Six 32x32 SVDs per example, one LAPACK call each (which releases the GIL)."""
+    values = [
+        np.linalg.svd(image[at : at + 32, at : at + 32, c].astype(np.float64), compute_uv=True)[1]
+        for c in range(3)
+        for at in (0, 8)
+    ]
+    return np.stack(values).astype(np.float32), label
+
+
+def _tune_base() -> Dataset:
+    images = np.random.default_rng(0).integers(0, 256, (TUNE_N, *IMAGE), dtype=np.uint8)
+    return Dataset.from_tensor_slices((images, np.arange(TUNE_N, dtype=np.int32)))
+
+
+TUNE_SETTINGS = {"sequential": None, "1 thread": 1, "2 threads": 2, "AUTOTUNE": -1}
+
+
+def section_autotune(args: argparse.Namespace) -> None:
+    """Issue 42's rows: 1,500 40x40x3 uint8 images mapped per example, then batch(64);
+    images/s of a fresh pipeline's first epoch, and of each of 4 epochs of one pipeline,
+    for each setting, interleaved, best of `--passes` rounds."""
+    base = _tune_base()
+    names = list(TUNE_SETTINGS)
+    for title, fn in (("GIL-bound", gil_bound), ("GIL-releasing (6 SVDs)", svd_map)):
+        fresh = {name: 0.0 for name in names}
+        kept = {name: [0.0] * 4 for name in names}
+        reports = {}
+        for _ in range(args.passes):
+            for name, calls in TUNE_SETTINGS.items():
+                ds = base.map(fn, num_parallel_calls=calls).batch(TUNE_BATCH)
+                fresh[name] = max(fresh[name], _epoch_rate(ds))
+                if calls == -1:
+                    reports["fresh"] = ds.autotune_report
+            for name, calls in TUNE_SETTINGS.items():
+                ds = base.map(fn, num_parallel_calls=calls).batch(TUNE_BATCH)
+                for epoch in range(4):
+                    kept[name][epoch] = max(kept[name][epoch], _epoch_rate(ds))
+                if calls == -1:
+                    reports["kept"] = ds.autotune_report
+        fixed = [n for n in names if n != "AUTOTUNE"]
+        best = max(fresh[n] for n in fixed)
+        print(f"\n## {title}: images/s, best of {args.passes} interleaved rounds")
+        print(
+            f"{'setting':<12} {'fresh epoch':>12} "
+            + " ".join(f"{'epoch ' + str(e + 1):>9}" for e in range(4))
+        )
+        for name in names:
+            cells = " ".join(f"{r:>9.0f}" for r in kept[name])
+            print(f"{name:<12} {fresh[name]:>12.0f} {cells}")
+        seq = fresh["sequential"]
+        tuned = fresh["AUTOTUNE"]
+        print(f"AUTOTUNE fresh: {tuned / seq:.2f}x sequential, {tuned / best:.2f}x the best fixed")
+        ratios = [kept["AUTOTUNE"][e] / max(kept[n][e] for n in fixed) for e in range(4)]
+        print("AUTOTUNE kept, per epoch / best fixed: " + ", ".join(f"{r:.2f}x" for r in ratios))
+        for when, text in reports.items():
+            print(f"  {when}: {text}")
+
+
 def section_images(args: argparse.Namespace) -> None:
     import tempfile
     import warnings
@@ -369,6 +431,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "fit": section_fit,
     "maps": section_maps,
     "images": section_images,
+    "autotune": section_autotune,
 }
 
 

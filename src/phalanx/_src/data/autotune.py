@@ -1,379 +1,357 @@
-"""AUTOTUNE that never loses: measure what parallelism buys this pipeline, then keep the best.
+"""AUTOTUNE: one model of what an element costs, and the number of workers it asks for.
 
-Threads fight over the GIL: a map of small NumPy operations driven from Python runs about
-half as fast on two threads as in the calling thread, while a map that releases the GIL
-(large array kernels, decoding, file reads) gains. No rule decides this beforehand, so
-`num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`) measure it online: the elements are
-computed at parallelism 0 (the calling thread alone), then 1, 2, 4, 8, ... workers (the
-last level the CPU count), a window of elements each, and the pipeline settles on the
-level whose *per-element wall time as the consumer sees it* is lowest. That time includes
-the consumer's own work between elements and any slowdown the workers cause it, which is
-what a training loop pays.
+How many workers compute a pipeline's elements (0: the calling thread) decides how long
+its consumer waits for each. `num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`,
+`DevicePrefetcher(autotune=True)`) measure, for the whole run:
 
-After the climb, the calling thread and the two best other levels are always measured
-again, in turn, twice (the confirmation), however the climb's single windows compared: on a
-loaded machine one 20 ms window can run at half speed, and a climb that gave up on a window,
-or ranked two levels by one, chose by noise. On a shared VM a whole window can also run
-~1.6x slower or faster for no reason of its own (the host's clock and scheduling follow
-the load: the calling thread measured right after two busy threads, or after a pause, runs
-slower for tens of ms). So every level, the calling thread included, is scored by the
-median of all its windows (one odd window does not move it; the calling thread's first
-window, measured while the pipeline warms up, is one of three), and a parallel level is
-chosen only when it is faster than the calling thread by more than `margin` (10 %), so
-AUTOTUNE is not slower than sequential by more than noise. An apparent gain between -10 %
-and +35 % is within what the noise makes of one round: up to `rounds` rounds are measured
-before it decides; a clear gain or loss decides after one.
+- where each element is computed (a worker, or the calling thread): its wall time and its
+  thread CPU time (`time.thread_time`). Their difference is the time it did not run: its
+  waits for I/O when it runs alone (`off`), and beside other workers its waits for the
+  GIL (or for a core) besides;
+- in the consumer: its own time between two requests (`own`), how long it waits in each,
+  and the CPU it spends taking an element from the workers (`handle`).
 
-Windows are short (3 elements and 20 ms at least, 1 element of warm-up after a switch):
-an element is often a whole batch of 16-64 mapped examples, and the decision must come
-early (earlier windows of 16 elements and 0.1 s took ~130 batches, longer than the
-1,500-example runs of issue 34, which thus ran mostly at the levels being measured and
-landed at ~1.0x sequential where 2 threads gave 1.8x). On 2 cores one round (9 windows)
-takes ~240 elements of a 1 ms map and ~40 of a 10 ms one; three rounds ~480 and ~90.
-Worker processes usually compute whole batches: their window is one burst (an element per
-worker), and while measuring they start no more elements than the window needs (each one
-in flight at a switch is handed out unmeasured): 24 batches on 2 cores, ~160 on 16.
+The model, tf.data's autotuner's with the GIL as one more shared resource: an element alone
+takes `w0 = cpu + off`. Inline, the consumer computes it, so an element comes every
+`w0 + own`. m workers deliver `S(m) = m / (1 + s (m - 1))` elements per `w0` (Amdahl's law,
+with `s` the serial share: the time an element computed beside m - 1 others waits beyond
+its waits alone, over (m - 1) elements' time; ~1 for a map that holds the GIL, whose threads
+only take turns, ~0 for one that releases it), so an element comes every
+`max(own + handle, w0 / S(m))`. The width running now is judged by the interval its
+consumer measured (and `s` raised to explain it where the consumer waited), the others by
+the model; AUTOTUNE runs the fewest workers whose interval is within `MARGIN` of the best,
+up to the cores this process may use.
 
-The choice is kept on the Dataset, so later epochs start at it; `Tuner.describe()` (and
-`Dataset.autotune_report`) says what was measured and chosen, and the choice is logged at
-DEBUG level on the "phalanx.data" logger. Workers are threads unless the
-map asked for processes (`map(fn, num_parallel_calls=AUTOTUNE, workers="process")`), in which
-case the levels are process counts; AUTOTUNE never switches to processes on its own (they
-need a picklable function and a `__main__` guard in scripts).
+`s` only shows where elements run side by side, so while it is unknown (a fresh pipeline)
+or stale, one burst of 2 workers (2 elements, no more started) measures it, after one
+element of warm-up and one timed inline. A burst on a map that holds the GIL costs about
+one element's time, so the estimate is kept `HORIZON` elements, then twice as long after
+each burst that confirms it (as tf.data's optimizer backs off). Everything else is measured
+all the run through and the choice is re-evaluated every `CHECK` timed elements. Inline,
+one element in `SAMPLE` is timed and the others run the map alone: AUTOTUNE that chose the
+calling thread costs what `num_parallel_calls=None` does. Worker processes, where the map
+allows them (`workers="process"`), share no GIL: their `s` starts at 0 and measures the
+contention for cores.
 
-`Tuner` holds the decision and is fed measured windows, so its logic is tested with
-injected timings; `Autotuned` is the executor that measures and switches.
+The state is a `Tuner` per pipeline (kept across its iterators, so later epochs start at
+the choice), locked; `Autotuned` is the executor that times elements and follows it.
+`Tuner.describe()` (`Dataset.autotune_report`) says what it measured and chose, after
+how many elements; the choice is logged at DEBUG level on the "phalanx.data" logger.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import functools
 import logging
-import statistics
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-_MAX_WINDOW = 64  # elements in one measured window at most, however fast they are
-# Gains (level 0's time over a level's) that one round of a shared VM's windows cannot tell
-# apart from noise: another round is measured.
-UNSURE = (0.9, 1.35)
+MARGIN = 0.10  # a width must be predicted this much faster than the fewest workers' best
+CHECK = 8  # timed elements between two re-evaluations
+SAMPLE = 16  # inline, one element in SAMPLE is timed
+HORIZON = 128  # elements the serial share is trusted before it is measured again
+_SPAN = 8  # samples a running mean averages over
+# The consumer's intervals come in bursts (N workers finish N elements together, a streaming
+# map's task holds up to 8): their mean spans several bursts.
+_BURSTS = 32
 _log = logging.getLogger("phalanx.data")
 
 
-def per_element(intervals: Sequence[float], burst: int = 1) -> float:
-    """The mean time between elements, not counting one isolated stall.
+class _Mean:
+    """The mean of the first `span` samples, then an exponential mean of that span."""
 
-    N workers hand out elements in bursts of N: N-1 intervals near 0, then one gap of
-    about N elements' time. So the intervals are summed burst by burst (`burst` = N), and
-    one long stall in a window of 8 bursts or more (a compile in the consumer, a page-in)
-    must not decide the level: a burst over 10x the median burst is counted as the
-    median. (Compared interval by interval, the median at 8 workers is a near-0 one, and
-    a burst's gap looked like a stall: 8 and 16 workers were measured 1.5-1,400x too
-    fast.) A short window is kept whole: its gaps are the rate itself.
-    """
-    if not intervals:
-        raise ValueError("a measured window needs at least one interval")
-    burst = max(burst, 1)
-    sums = sorted(sum(intervals[i : i + burst]) for i in range(0, len(intervals), burst))
-    total = sum(sums)
-    middle = sums[len(sums) // 2]
-    if len(sums) >= 8 and sums[-1] > 10 * middle:
-        total += middle - sums[-1]
-    return total / len(intervals)
+    __slots__ = ("count", "span", "value")
+
+    def __init__(self, span: int = _SPAN) -> None:
+        self.value: float | None = None
+        self.count, self.span = 0, span
+
+    def add(self, x: float, weight: int = 1) -> None:
+        self.count += weight
+        if self.value is None:
+            self.value = x
+        else:
+            self.value += (x - self.value) * min(1.0, weight / min(self.count, self.span))
 
 
-@dataclasses.dataclass
 class Tuner:
-    """Chooses a pipeline's parallelism (0: the calling thread) from measured windows.
+    """How many workers compute a pipeline's elements (0: the calling thread), and why.
 
-    Levels 0, 1 and 2 are tried, then 4, 8, ... and `max_level` while each is not clearly
-    worse than the one tried before it; then level 0 and the two best other levels are
-    measured `confirmations` more times each, in turn. Each level's score is the median of
-    its windows (the slower middle one of an even count); the best parallel level wins if
-    it beats level 0 by `margin`. While the best one's gain is ambiguous (within
-    `UNSURE`), up to `rounds` rounds are measured.
+    Fed by its drivers (`Autotuned`, the streaming map, `DevicePrefetcher`) with what each
+    element cost where it was computed (`computed`) and in the consumer (`consumed`,
+    which returns the width for the next elements). Thread-safe: several iterators of one
+    pipeline may feed it at once.
 
     Args:
-      max_level: the most workers to try (the CPU count for a map, 1 for a prefetch).
-      margin: the relative gain a parallel level needs over the calling thread (0.10).
-      warmup: elements ignored after each switch (pool start-up, first calls).
-      window: elements measured per trial (at least; longer while under `min_seconds`).
-      min_seconds: a trial's shortest duration, so that timer noise stays small.
-      confirmations: how many more times level 0 and the two best other levels are
-        measured, in turn, in a round.
-      rounds: the most rounds measured while the gain is ambiguous.
+      max_level: the most workers (the cores, or `private_threadpool_size`; 1 for a
+        prefetch thread).
+      kind: "thread" or "process" (no GIL between workers).
 
     Example:
       >>> tuner = Tuner(max_level=2)
-      >>> while not tuner.settled:
-      ...     tuner.observe(intervals_measured_at(tuner.level))
-      >>> tuner.choice
+      >>> tuner.computed(0, wall=0.010, cpu=0.010)          # an element, computed inline
+      >>> width = tuner.consumed(own=0.0, wait=0.010, cpu=0.010)
+      >>> tuner.describe()
     """
 
-    max_level: int
-    margin: float = 0.10
-    warmup: int = 1
-    window: int = 3
-    min_seconds: float = 0.02
-    confirmations: int = 2
-    rounds: int = 3
-    kind: str = "thread"  # what a level counts: "thread" or "process" workers
-    samples: dict[int, list[float]] = dataclasses.field(default_factory=dict, init=False)
-    # The window being measured, kept across iterators (a short epoch holds few elements).
-    pending: list[float] = dataclasses.field(default_factory=list, init=False)
-    since_switch: int = dataclasses.field(default=0, init=False)
-    choice: int | None = dataclasses.field(default=None, init=False)
-    elements: int = dataclasses.field(default=0, init=False)  # handed out while measuring
-    level: int = dataclasses.field(default=0, init=False)
-    _confirm: list[int] = dataclasses.field(default_factory=list, init=False)
-    _climbing: bool = dataclasses.field(default=True, init=False)
-    _candidates: list[int] = dataclasses.field(default_factory=list, init=False)  # confirming
-    _rounds_done: int = dataclasses.field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.max_level < 0:
-            raise ValueError(f"max_level must be >= 0, got {self.max_level}")
-        if self.max_level == 0:
-            self.choice = 0
+    def __init__(self, max_level: int, kind: str = "thread") -> None:
+        if max_level < 0:
+            raise ValueError(f"max_level must be >= 0, got {max_level}")
+        self.max_level, self.kind = max_level, kind
+        self.level = 0  # the width elements are computed at now
+        self.trial = False  # whether `level` is a burst that measures the serial share
+        self.choice: int | None = 0 if max_level == 0 else None  # the last width chosen
+        self.elements = 0  # handed to the consumer so far
+        self.changed_at = 0  # elements handed out when `choice` last changed
+        self._lock = threading.Lock()
+        self._warm = False  # the first element computed warms up (first calls, caches)
+        self._cpu, self._off, self._serial = _Mean(), _Mean(), _Mean()
+        self._own0, self._own, self._handle = _Mean(), _Mean(), _Mean()
+        self._wall, self._interval = _Mean(), _Mean(_BURSTS)  # at `level`
+        self._seen: dict[int, tuple[float, int]] = {}  # width: (interval, trusted until)
+        self._timed = 0  # elements timed by the consumer
+        self._due = 1  # `_timed` at the next decision
+        self._horizon = HORIZON
+        self._serial_until = 0  # the serial share is trusted until then (elements)
+        if kind != "thread":  # no GIL between processes
+            self._serial.add(0.0)
+            self._serial_until = sys.maxsize
+        self._before = 0  # the width a burst left
 
     @property
     def settled(self) -> bool:
-        """Whether the choice is made (then `level` is `choice` for good)."""
+        """Whether a width was chosen (not only measured)."""
         return self.choice is not None
 
-    def enough(self, intervals: Sequence[float]) -> bool:
-        """Whether a window of these intervals is long enough to be observed.
+    def computed(self, width: int, wall: float, cpu: float, count: int = 1) -> None:
+        """`count` elements computed by `width` workers (0: inline) took `wall` and `cpu`
+        seconds in all, where they were computed."""
+        with self._lock:
+            if not self._warm:
+                self._warm = True
+                return
+            wall, cpu = wall / count, cpu / count
+            self._cpu.add(cpu, count)
+            waited = max(wall - cpu, 0.0)
+            if width == self.level:
+                self._wall.add(wall, count)
+            if width == 0:  # the calling thread alone: its waits are the element's own
+                self._off.add(waited, count)
+            elif width > 1 and self._off.value is not None:
+                alone = self._cpu.value + self._off.value
+                excess = max(waited - self._off.value, 0.0)
+                self._serial.add(excess / ((width - 1) * alone), count)
+                self._serial_until = max(self._serial_until, self.elements + self._horizon)
 
-        At N workers elements tend to arrive in bursts of N, so a window holds a multiple
-        of N intervals: whole bursts, whose mean is the rate.
-        """
-        n = len(intervals)
-        if n >= _MAX_WINDOW:
-            return True
-        whole = n % max(self.level, 1) == 0
-        return whole and n >= self.window and sum(intervals) >= self.min_seconds
+    def consumed(self, own: float | None, wait: float, cpu: float, fill: bool = False) -> int:
+        """The consumer took an element: `own` seconds of its own work before asking
+        (None: unknown), then `wait` seconds asking, `cpu` of them on its CPU; `fill`: one
+        of the first elements of workers just started, which waited for their start and
+        for a whole element. Returns the width for the next elements."""
+        with self._lock:
+            self.elements += 1
+            if self._cpu.value is None:  # nothing timed where computed yet (the warm-up)
+                return self.level
+            if own is not None:
+                (self._own0 if self.level == 0 else self._own).add(own)
+            if self.level and not fill:
+                self._handle.add(cpu)
+                self._interval.add((own or 0.0) + wait)
+            self._timed += 1
+            if self._timed >= self._due:
+                self._decide()
+            return self.level
 
-    def tick(self, last: float | None, now: float) -> bool:
-        """One element handed to the consumer at `now` (the one before at `last`, None for
-        the first one an executor hands out): records the interval once past the warm-up,
-        observes a full window, and says whether the level changed."""
-        if last is not None and self.since_switch >= self.warmup:
-            self.pending.append(now - last)
-        self.since_switch += 1
-        self.elements += not self.settled
-        if not self.enough(self.pending):
-            return False
-        before = self.level
-        self.observe(self.pending)
-        return self.level != before
+    def skipped(self, count: int) -> None:
+        """`count` elements were handed out untimed (inline, between two timed ones)."""
+        with self._lock:
+            self.elements += count
 
-    def restart(self) -> None:
-        """A new iteration starts at the current level: its workers start together, so
-        its elements come in whole bursts from the first one on. A partial burst kept in
-        the pending window from the iteration before is dropped: joined to the new bursts
-        it would pair a short interval with none of the long ones (a window measured ~1.5x
-        too fast at 2 workers when it spanned epochs)."""
-        whole = len(self.pending) - len(self.pending) % max(self.level, 1)
-        del self.pending[whole:]
-
-    def needed(self, fresh: bool) -> int:
-        """How many more elements the window at this level needs at the fewest (whole
-        bursts, `window` intervals; more when they take under `min_seconds`), counting
-        the unmeasured ones first: the warm-up, and one whose interval has no start
-        (`fresh`: the first an executor hands out). An executor that computes ahead need
-        not start more (`Autotuned` caps worker processes to this while measuring)."""
-        burst = max(self.level, 1)
-        have = len(self.pending)
-        intervals = -(-max(self.window, have + 1) // burst) * burst - have
-        unmeasured = max(self.warmup - self.since_switch, 1 if fresh else 0, 0)
-        return intervals + unmeasured
-
-    def carry_over(self, count: int) -> None:
-        """The next `count` elements were started at the level just left (an executor that
-        finishes its work in flight): they are not measured, as the warm-up is not."""
-        self.since_switch -= count
-
-    def observe(self, intervals: Sequence[float]) -> None:
-        """Records a window measured at `self.level` and moves to the next level to try."""
-        if self.settled:
-            return
-        before = self.level
-        self.samples.setdefault(self.level, []).append(per_element(intervals, self.level))
-        if self._climbing:
-            self._climb()
-        elif self._confirm:
-            self.level = self._confirm.pop(0)
-        else:
-            self._decide()
-        self.pending = []
-        if self.level != before:
-            self.since_switch = 0
-        if self.settled:
-            _log.debug("%s", self.describe())
-
-    def describe(self) -> str:
-        """What was measured (elements/s per level, window by window) and chosen."""
-
-        def name(level: int) -> str:
-            if level == 0:
-                return "the calling thread"
-            plural = "es" if self.kind.endswith("s") else "s"
-            return f"{level} {self.kind}{plural if level > 1 else ''}"
-
-        measured = "; ".join(
-            f"{name(level)}: " + ", ".join(f"{1 / t:.4g}" for t in times)
-            for level, times in sorted(self.samples.items())
-        )
-        if not self.settled:
-            return (
-                f"AUTOTUNE measuring (now at {name(self.level)}, {self.elements} elements so "
-                f"far); elements/s: {measured}"
-            )
-        return (
-            f"AUTOTUNE chose {name(self.choice)} after {self.elements} elements; elements/s "
-            f"measured: {measured or '-'}"
-        )
-
-    def _time(self, level: int) -> float:
-        return statistics.fmean(self.samples[level])
-
-    def _climb(self) -> None:
-        level = self.level
-        below = max((lv for lv in self.samples if lv < level), default=0)
-        # Levels 0, 1 and 2 are always tried: one worker only overlaps the consumer's own
-        # work, so work that gains from two workers (I/O waits) may not gain from one.
-        better_than_below = level < 2 or self._time(level) < self._time(below) * (1 + self.margin)
-        if better_than_below and level < self.max_level:
-            # Then doubling (4, 8, ..., and the top): 16 cores take 6 levels, not 17.
-            self.level = level + 1 if level < 2 else min(2 * level, self.max_level)
-            return
-        self._climbing = False
-        others = sorted((lv for lv in self.samples if lv > 0), key=self._time)
-        self._candidates = others[:2]  # confirmed even when they looked worse than level 0
-        self._next_round()
-
-    def _next_round(self) -> None:
-        """Measures level 0 and the candidates `confirmations` more times each, in turn."""
-        self._rounds_done += 1
-        self._confirm = self._candidates + [0, *self._candidates] * (self.confirmations - 1)
-        self.level = 0
+    def _predict(self, width: int, serial: float) -> float:
+        """Seconds between two elements the consumer takes, with `width` workers: from
+        their measured walls at the current width (or the consumer's intervals, if
+        longer) and at widths measured lately, else from the model."""
+        alone = self._cpu.value + (self._off.value or 0.0)
+        if width == 0:
+            return alone + (self._own0.value or 0.0)
+        own = self._own.value if self._own.value is not None else self._own0.value or 0.0
+        floor = own + (self._handle.value or 0.0)  # the consumer's own part
+        if width == self.level and self._wall.value is not None:
+            return max(floor, self._wall.value / width, self._interval.value or 0.0)
+        interval, until = self._seen.get(width, (0.0, 0))
+        if self.elements < until:
+            return interval
+        return max(floor, alone * (1 + serial * (width - 1)) / width)
 
     def _decide(self) -> None:
-        score = {lv: statistics.median_high(self.samples[lv]) for lv in (0, *self._candidates)}
-        best = min(self._candidates, key=score.__getitem__)
-        gain = score[0] / score[best]
-        if UNSURE[0] < gain < UNSURE[1] and self._rounds_done < self.rounds:
-            self._next_round()
-            return
-        wins = score[best] < score[0] * (1 - self.margin)
-        self.choice = self.level = best if wins else 0
+        was, level = self.trial, self.level
+        if level and self._wall.value is not None:
+            seen = self._predict(level, 0.0)
+            self._seen[level] = (seen, self.elements + self._horizon)
+        known = self._serial.value is not None and self.elements < self._serial_until
+        serial = self._serial.value if known else 0.0
+        predicted = [self._predict(m, serial) for m in range(self.max_level + 1)]
+        best = min(predicted)
+        pick = next(m for m, t in enumerate(predicted) if t <= best * (1 + MARGIN))
+        fresh = self.elements < self._seen.get(pick, (0.0, 0))[1]
+        self.trial = pick >= 2 and not known and not fresh
+        if self.trial:  # one burst of 2 measures the serial share
+            pick, self._serial, self._before = 2, _Mean(), level
+        elif was:
+            self._horizon = 2 * self._horizon if pick == self._before else HORIZON
+            self._serial_until = self.elements + self._horizon
+        self._due = self._timed + (pick if self.trial else CHECK)
+        if pick != level:
+            self.level, self._wall, self._interval = pick, _Mean(), _Mean(_BURSTS)
+        if not self.trial and pick != self.choice:
+            self.choice, self.changed_at = pick, self.elements
+            _log.debug("%s", self._describe())
+
+    def describe(self) -> str:
+        """What was measured (per element) and chosen, after how many elements."""
+        with self._lock:
+            return self._describe()
+
+    def _name(self, width: int) -> str:
+        if width == 0:
+            return "the calling thread"
+        plural = "es" if self.kind.endswith("s") else "s"
+        return f"{width} {self.kind}{plural if width > 1 else ''}"
+
+    def _describe(self) -> str:
+        if self.choice is None:
+            head = f"AUTOTUNE measuring (now at {self._name(self.level)}, {self.elements} "
+            head += "elements so far)"
+        else:
+            head = f"AUTOTUNE chose {self._name(self.choice)} after {self.changed_at} elements"
+        if self._cpu.value is None:
+            return head
+        serial = self._serial.value
+        share = "not measured" if serial is None else f"{serial:.2f}"
+        times = ", ".join(
+            f"{self._name(m)} {self._predict(m, serial or 0.0) * 1e3:.3g}"
+            for m in range(self.max_level + 1)
+        )
+        alone = self._cpu.value + (self._off.value or 0.0)
+        own = self._own0.value if self._own0.value is not None else self._own.value or 0.0
+        return (
+            f"{head}; an element takes {alone * 1e3:.3g} ms alone ({self._cpu.value * 1e3:.3g} "
+            f"ms of CPU), serial (GIL-held) share {share}; the consumer's own time "
+            f"{own * 1e3:.3g} ms; ms between elements: {times}"
+        )
 
 
 class Autotuned:
-    """An executor that measures its consumer's per-element time and follows a `Tuner`.
+    """An executor that computes elements at the width its `Tuner` asks for, timing them.
 
-    `factory(level, step)` opens the executor for a level at a step. Switching levels
-    closes the current one (threads: work computed ahead is dropped; elements are pure
-    functions of their step, so nothing is lost but time), except that worker processes,
-    which take far longer to start than an element of a batched pipeline takes, are kept
-    when there is a `park(pool, keep)` (`Dataset._park`): they finish the elements in
-    flight, which are handed out next (unmeasured), and wait idle in the park, from which
-    `factory` takes them back when the tuner returns to their level (it alternates the
-    calling thread and the two best levels while confirming). Once settled, the other kept
-    pools stop.
+    `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop)`
+    opens an executor of `width` workers for elements start..stop-1, whose `next()`
+    returns them in order and whose `cost` is the last one's (wall, cpu) where computed,
+    and whose `drain()` takes the elements in flight. A width change hands those out next,
+    in order: elements are pure functions of their step, so the elements and the
+    iterator's state are those of computing them one by one. A burst that measures the
+    serial share starts exactly its elements, so that a map that holds the GIL pays for
+    2 only.
     """
 
     def __init__(
         self,
         tuner: Tuner,
-        factory: Callable[[int, int], Any],
+        fetch: Callable[[int], Any],
+        open: Callable[[int, int, int], Any],
         start: int,
+        stop: int,
         clock: Callable[[], float] = time.perf_counter,
-        park: Callable[..., None] | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
-        self._tuner = tuner
-        self._factory = factory
-        self._step = start
-        self._clock = clock
-        self._park = park
+        self._tuner, self._fetch, self._open = tuner, fetch, open
+        self._step, self._stop = start, stop
+        self._clock, self._cpu = clock, cpu_clock
+        self._width = tuner.level
         self._executor: Any = None
-        self._ready: collections.deque = collections.deque()  # drained from the last level
-        self._last: float | None = None  # no interval before an iterator's first element
-        self._capped = False  # whether the executor's starts are limited (`limit`)
-        tuner.restart()
+        self._until = 0  # the executor starts no element at or past it
+        self._ready: collections.deque = collections.deque()  # drained at a width change
+        self._returned: float | None = None  # when the consumer took the last timed element
+        self._skip = 0  # inline elements to compute untimed before the next timed one
+        self._untimed = 0  # of them, handed out and not told to the tuner yet
 
     @property
     def workers(self) -> int:
-        return self._tuner.level
+        return self._width
 
     @property
     def pids(self) -> list[int]:
-        """The current level's worker processes (none for threads or inline)."""
+        """The current worker processes (none for threads or inline)."""
         return list(getattr(self._executor, "pids", []))
 
     def next(self) -> Any:
+        if self._skip:  # inline, between two timed elements: the map alone
+            element = self._fetch(self._step)
+            self._step += 1
+            self._skip -= 1
+            self._untimed += 1
+            if not self._skip:
+                self._flush()
+                self._returned = self._clock()
+            return element
         if self._ready:
             self._step += 1
-            self._tuner.elements += not self._tuner.settled  # carried over, unmeasured
+            self._tuner.skipped(1)  # computed at the width left: not this width's time
             return self._ready.popleft()
-        if self._executor is None:
-            self._executor = self._factory(self._tuner.level, self._step)
-        if not self._tuner.settled and hasattr(self._executor, "limit"):
-            # Worker processes start no more than the window needs, and the other workers'
-            # next elements (so all stay busy to its end): few are in flight at a switch.
-            burst = max(self._tuner.level, 1)
-            self._executor.limit(self._step + self._tuner.needed(self._last is None) + burst - 1)
-            self._capped = True
-        element = self._executor.next()
+        began, cpu = self._clock(), self._cpu()
+        own = None if self._returned is None else began - self._returned
+        fill = self._width and (self._executor is None or self._step >= self._until)
+        if self._width == 0:
+            element = self._fetch(self._step)
+            ended, used = self._clock(), self._cpu() - cpu
+            self._tuner.computed(0, ended - began, used)
+        else:
+            if fill:  # the first element waits for the workers' start
+                self._reopen()
+            element = self._executor.next()
+            ended, used = self._clock(), self._cpu() - cpu
+            self._tuner.computed(self._width, *self._executor.cost)
         self._step += 1
-        if not self._tuner.settled:
-            self._measure()
-        if self._capped and self._tuner.settled and self._executor is not None:
-            self._executor.limit(None)  # the chosen level computes ahead freely
-            self._capped = False
-        if self._tuner.settled and self._park is not None and self._executor is not None:
-            # Once the chosen level runs (its kept workers taken back), stop the others.
-            self._park(None, keep=0)
-            self._park = None
+        width = self._tuner.consumed(own, ended - began, used, bool(fill))
+        if width != self._width:
+            self._switch(width)
+        if width == 0 and self._tuner.settled:
+            self._skip = SAMPLE - 1
+        self._returned = ended
         return element
 
-    def _measure(self) -> None:
-        now = self._clock()
-        changed, self._last = self._tuner.tick(self._last, now), now
-        if changed:
-            self._leave()  # the next call opens the new level where this one stopped
-            self._last = None
+    def _flush(self) -> None:
+        if self._untimed:
+            self._tuner.skipped(self._untimed)
+            self._untimed = 0
 
-    def _leave(self) -> None:
-        """Leaves the current level: threads stop; worker processes hand over the elements
-        in flight and are parked with the pool parked before them (2: the climb's last two
-        levels, or the two best ones while confirming), or stop when the tuner has just
-        chosen another level."""
+    def _reopen(self) -> None:
+        if self._executor is not None:  # a burst's workers, done
+            self._executor.close()
+        burst = self._tuner.trial
+        self._until = min(self._stop, self._step + self._width) if burst else self._stop
+        self._executor = self._open(self._width, self._step, self._until)
+
+    def _switch(self, width: int) -> None:
         executor, self._executor = self._executor, None
-        if self._park is None or not hasattr(executor, "drain"):
+        if executor is not None:
+            self._ready.extend(executor.drain())
             executor.close()
-            return
-        self._ready.extend(executor.drain())
-        if self._tuner.settled:  # the choice is another level: this one is not needed again
-            executor.close()
-            return
-        executor.release(functools.partial(self._park, keep=2))
+        self._width = width
 
     def close(self) -> None:
+        self._flush()
         self._ready.clear()
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.close()
 
     def release(self, park: Callable[[Any], None]) -> None:
-        """At an iteration's end: the current level's executor may be kept (`park`; while
-        measuring, with the level kept before it)."""
+        """At an iteration's end: worker processes may be kept for the next (`park`)."""
+        self._flush()
         executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        if not self._tuner.settled and self._park is not None:
-            park = functools.partial(self._park, keep=2)
-        executor.release(park)
+        if executor is not None:
+            executor.release(park)

@@ -75,13 +75,13 @@ class DevicePrefetcher:
       put_in_thread: call `put_fn` in the producer thread too, so the consumer only takes
         ready device batches (JAX transfers are thread-safe). Worth it when the consumer's
         time is precious, e.g. when dispatching a step is what keeps the devices busy.
-      autotune: measure, as `prefetch(AUTOTUNE)` does (`autotune.Tuner`), whether the
-        consumer gets its batches faster from the thread or by making each one itself when
-        it asks (a Python-bound source competes with the consumer for the GIL), and keep
-        the faster. Batches already made by the thread are handed out first on a switch.
-        Pass a `Tuner(max_level=1)` instead of True to keep the measurements and the choice
-        from one prefetcher (epoch) to the next.
-      clock: seconds as a float, for `autotune`; tests inject their own.
+      autotune: choose, as `prefetch(AUTOTUNE)` does (`autotune.Tuner`), between the
+        thread and the consumer making each batch itself when it asks: the thread pays
+        where the consumer's own work (a step) overlaps the batches' making, not where
+        both hold the GIL. Batches already made by the thread are handed out first on a
+        switch. Pass a `Tuner(max_level=1)` instead of True to keep the measurements and
+        the choice from one prefetcher (epoch) to the next.
+      clock, cpu_clock: wall and thread CPU seconds, for `autotune`; tests inject theirs.
 
     Example:
       >>> with DevicePrefetcher(ds, put_fn=strategy_put, host_depth=2, device_depth=2) as batches:
@@ -99,6 +99,7 @@ class DevicePrefetcher:
         put_in_thread: bool = False,
         autotune: bool | Tuner = False,
         clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ):
         self._host_depth = validation.check_positive(host_depth, "host_depth", "host_depth=2")
         self._device_depth = validation.check_positive(
@@ -121,8 +122,8 @@ class DevicePrefetcher:
             self._tuner: Tuner | None = autotune  # kept by the caller across epochs
         else:
             self._tuner = Tuner(max_level=1) if autotune else None
-        self._clock = clock
-        self._last: float | None = None
+        self._clock, self._cpu = clock, cpu_clock
+        self._returned: float | None = None  # when the consumer took the last batch
         self._leftover: Any = None  # a batch the thread made after it was told to stop
 
     @property
@@ -152,12 +153,24 @@ class DevicePrefetcher:
                 continue
         return False
 
+    def _make(self, width: int) -> Any:
+        """The next host batch (`put` on it in the thread, if asked), timed for AUTOTUNE."""
+        began, cpu = self._clock(), self._cpu()
+        batch = next(self._source)
+        if width and self._put_in_thread:
+            batch = self._put(batch)
+        if self._tuner is not None:
+            self._tuner.computed(width, self._clock() - began, self._cpu() - cpu)
+        return batch
+
     def _produce(self) -> None:
         try:
-            for batch in self._source:
+            while True:
+                try:
+                    batch = self._make(1)
+                except StopIteration:
+                    break
                 state = self._source.get_state() if self._checkpointable else None
-                if self._put_in_thread:
-                    batch = self._put(batch)
                 if not self._offer((batch, state)):
                     self._leftover = (batch, state)  # kept for the consumer's own turn
                     return
@@ -222,9 +235,21 @@ class DevicePrefetcher:
         if self._closed:
             raise StopIteration
         self._taken = True
-        batch = self._next_threaded() if self.threaded else self._next_inline()
-        if self._tuner is not None and not self._tuner.settled:
-            self._measure()
+        if self._tuner is None:
+            return self._next_threaded()
+        began, cpu = self._clock(), self._cpu()
+        threaded = self.threaded
+        made_before = not threaded and bool(self._device)  # by the thread, before a switch
+        batch = self._next_threaded() if threaded else self._next_inline()
+        ended = self._clock()
+        if made_before:
+            self._tuner.skipped(1)
+        else:
+            own = None if self._returned is None else began - self._returned
+            level = self._tuner.consumed(own, ended - began, self._cpu() - cpu)
+            if threaded and level == 0:
+                self._stop_thread()
+        self._returned = ended
         return batch
 
     def _next_threaded(self) -> Any:
@@ -254,20 +279,12 @@ class DevicePrefetcher:
                 raise pending.error
             raise StopIteration
         try:
-            batch = next(self._source)
+            batch = self._make(0)
         except BaseException:
             self.close()
             raise
         self._state = self._source.get_state() if self._checkpointable else None
         return self._put(batch)
-
-    def _measure(self) -> None:
-        now = self._clock()
-        changed, self._last = self._tuner.tick(self._last, now), now
-        if changed:
-            self._last = None
-            if self._tuner.level == 0:
-                self._stop_thread()
 
     def _stop_thread(self) -> None:
         """Stops the thread and keeps, in order, every batch it made for the consumer."""
