@@ -304,6 +304,24 @@ def section_maps(args: argparse.Namespace) -> None:
 
 
 TUNE_N, TUNE_BATCH = 1500, 64
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+_STD = np.array([0.229, 0.224, 0.225], np.float32)
+
+
+def augment(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Augmentation as users write it: small NumPy operations driven from Python (crop,
+    flip, brightness and contrast jitter, normalisation), ~0.1 ms an image, GIL-bound."""
+    rng = np.random.default_rng(int(image[0, 0, 0]) + int(label))
+    padded = np.pad(image, ((4, 4), (4, 4), (0, 0)), mode="reflect")
+    top, left = rng.integers(0, 9, 2)
+    crop = padded[top : top + IMAGE[0], left : left + IMAGE[1]].astype(np.float32)
+    if rng.random() < 0.5:
+        crop = crop[:, ::-1]
+    crop = crop * rng.uniform(0.8, 1.2) + rng.uniform(-20, 20)
+    mean = crop.mean(axis=(0, 1), keepdims=True)
+    crop = (crop - mean) * rng.uniform(0.8, 1.2) + mean
+    crop = np.clip(crop, 0, 255) / 255.0
+    return ((crop - _MEAN) / _STD).astype(np.float32), label
 
 
 def svd_map(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -330,7 +348,9 @@ def section_autotune(args: argparse.Namespace) -> None:
     for each setting, interleaved, best of `--passes` rounds."""
     base = _tune_base()
     names = list(TUNE_SETTINGS)
-    for title, fn in (("GIL-bound", gil_bound), ("GIL-releasing (6 SVDs)", svd_map)):
+    maps = {"augment": ("GIL-bound", augment), "svd": ("GIL-releasing (6 SVDs)", svd_map)}
+    maps["light"] = ("GIL-bound, light (0.03 ms)", gil_bound)
+    for title, fn in (maps[name] for name in args.maps.split(",")):
         fresh = {name: 0.0 for name in names}
         kept = {name: [0.0] * 4 for name in names}
         reports = {}
@@ -443,6 +463,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--passes", type=int, default=3, help="timed passes; the best is shown")
     parser.add_argument("--step-ms", type=float, default=10.0, help="overlap: step and map")
     parser.add_argument("--tune-malloc", action="store_true", help="see the module docstring")
+    parser.add_argument("--maps", default="augment,svd", help="autotune: augment,svd,light")
     args = parser.parse_args(argv)
     malloc = "tuned" if args.tune_malloc and tune_malloc() else "default"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

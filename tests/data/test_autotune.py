@@ -196,12 +196,14 @@ def test_a_slow_consumer_is_fed_by_the_fewest_workers_that_keep_it_from_waiting(
 
 def test_one_thread_that_does_not_overlap_the_consumer_is_left():
     # A prefetch thread (1 worker at most) for a consumer whose own work holds the GIL:
-    # measured, the thread gains nothing, and the model does not try it again for a while.
-    sim = Sim(Map({1: 1.0}, overlaps=False), own=0.010, max_level=1)
-    for _ in range(4):
-        sim.epoch()
+    # the model expects the thread to overlap the consumer's 10 ms; measured, it is 2 %
+    # slower than making each element inline. It is left, and tried again only as often
+    # as keeps what the tries cost within BUDGET (1 %) of the run.
+    sim = Sim(Map({1: 0.95}, overlaps=False), own=0.010, max_level=1)
+    run = sum(sim.epoch() for _ in range(20))
     assert sim.tuner.choice == 0
-    assert sum(width == 1 for width, _, _ in sim.opened) == 1
+    assert run <= (1 + autotune.BUDGET) * 20 * sim.fixed(0)
+    assert len(sim.opened) <= 20 * 24 / (2 * autotune.CHECK)
 
 
 def test_a_changed_map_is_followed_for_the_whole_run():
@@ -218,22 +220,28 @@ def test_a_changed_map_is_followed_for_the_whole_run():
     assert sim.tuner.choice == 0
 
 
-def test_bursts_on_a_gil_bound_map_back_off():
+def test_measuring_again_costs_about_one_percent_of_a_gil_bound_run():
     sim = Sim(GIL_BOUND, n=500)
-    for _ in range(8):
-        sim.epoch()
+    run = sum(sim.epoch() for _ in range(8))
     bursts = len(sim.opened)
-    assert 3 <= bursts <= 6  # 4,000 elements: at 128, then 256, 512, ... elements apart
+    assert sim.opened == [(2, s, s + 2) for _, s, _ in sim.opened]  # bursts of 2, no more
     assert sim.by_workers == 2 * bursts
+    # A burst costs 1.2 elements' time (2 at 0.62x): one every ~120 elements.
+    assert 4000 / 150 <= bursts <= 4000 / 100
+    assert run <= 1.015 * 8 * sim.fixed(0)
 
 
-def test_inline_most_elements_read_no_clock():
-    sim = Sim(GIL_BOUND, n=24 * 16)
+def test_inline_the_machinery_around_a_cheap_map_vanishes():
+    # 30 us an element (a row): timing one costs ~1 us, so one in ~70 is timed.
+    row = dataclasses.replace(GIL_BOUND, cpu=3e-5)
+    sim = Sim(row, n=2000)
     sim.epoch()
-    reads = sim.clocks.reads
+    assert sim.tuner.stride >= 50
+    # 3 clock reads a timed element; bursts of 2 every ~120 elements, 4 reads each.
+    assert sim.clocks.reads <= 2000 * (3 / 50 + 2 * 4 / 120)
+    sim = Sim(GIL_BOUND, n=100)  # 7 ms an element: every one is timed, the run through
     sim.epoch()
-    # 1 element in SAMPLE is timed (two reads, and one where its own time starts).
-    assert sim.clocks.reads - reads <= 3 * sim.n / autotune.SAMPLE + 3
+    assert sim.tuner.stride == 1
 
 
 def test_the_tuner_is_locked_for_iterators_in_several_threads():

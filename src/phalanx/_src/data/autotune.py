@@ -6,53 +6,57 @@ its consumer waits for each. `num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTU
 
 - where each element is computed (a worker, or the calling thread): its wall time and its
   thread CPU time (`time.thread_time`). Their difference is the time it did not run: its
-  waits for I/O when it runs alone (`off`), and beside other workers its waits for the
-  GIL (or for a core) besides;
+  waits for I/O when the calling thread computes it alone (`off`), and, beside other
+  workers, its waits for the GIL (or a core) besides;
 - in the consumer: its own time between two requests (`own`), how long it waits in each,
   and the CPU it spends taking an element from the workers (`handle`).
 
-The model, tf.data's autotuner's with the GIL as one more shared resource: an element alone
-takes `w0 = cpu + off`. Inline, the consumer computes it, so an element comes every
+The model is tf.data's autotuner's, with the GIL as one more shared resource. An element
+alone takes `w0 = cpu + off`; inline, the consumer computes it, so an element comes every
 `w0 + own`. m workers deliver `S(m) = m / (1 + s (m - 1))` elements per `w0` (Amdahl's law,
-with `s` the serial share: the time an element computed beside m - 1 others waits beyond
-its waits alone, over (m - 1) elements' time; ~1 for a map that holds the GIL, whose threads
+with `s` the serial share: what an element computed beside m - 1 others waits beyond its
+waits alone, over (m - 1) elements' time; ~1 for a map that holds the GIL, whose threads
 only take turns, ~0 for one that releases it), so an element comes every
-`max(own + handle, w0 / S(m))`. The width running now is judged by the interval its
-consumer measured (and `s` raised to explain it where the consumer waited), the others by
-the model; AUTOTUNE runs the fewest workers whose interval is within `MARGIN` of the best,
-up to the cores this process may use.
+`max(own + handle, w0 / S(m))`: the consumer waits unless the workers outpace its own
+work. The width running now is judged by its workers' measured wall times (or by the
+consumer's intervals, if longer), widths measured lately by what was measured there, the
+others by the model. AUTOTUNE runs the fewest workers whose interval is within `MARGIN` of
+the best, up to the cores this process may use (its affinity, `private_threadpool_size`).
 
-`s` only shows where elements run side by side, so while it is unknown (a fresh pipeline)
-or stale, one burst of 2 workers (2 elements, no more started) measures it, after one
-element of warm-up and one timed inline. A burst on a map that holds the GIL costs about
-one element's time, so the estimate is kept `HORIZON` elements, then twice as long after
-each burst that confirms it (as tf.data's optimizer backs off). Everything else is measured
-all the run through and the choice is re-evaluated every `CHECK` timed elements. Inline,
-one element in `SAMPLE` is timed and the others run the map alone: AUTOTUNE that chose the
-calling thread costs what `num_parallel_calls=None` does. Worker processes, where the map
-allows them (`workers="process"`), share no GIL: their `s` starts at 0 and measures the
-contention for cores.
+`s` only shows where elements run side by side: while it is unknown (a fresh pipeline) or
+stale, one burst of 2 workers measures it (2 elements and no more, after one element of
+warm-up and one timed inline: a map that holds the GIL pays for 2 elements taking turns).
+Everything is measured all the run through and the choice re-evaluated every `CHECK`
+timed elements; what was measured at a width left is trusted while measuring it again
+would cost more than `BUDGET` of the elements since (a GIL-bound map's burst, one element
+in ~120). Inline, elements are timed one in `stride` (more apart the cheaper they are), so
+that AUTOTUNE that chose the calling thread costs what `num_parallel_calls=None` does.
+Worker processes, only where the map allows them (`workers="process"`), share no GIL:
+their `s` starts at 0 and measures the contention for cores.
 
 The state is a `Tuner` per pipeline (kept across its iterators, so later epochs start at
 the choice), locked; `Autotuned` is the executor that times elements and follows it.
-`Tuner.describe()` (`Dataset.autotune_report`) says what it measured and chose, after
-how many elements; the choice is logged at DEBUG level on the "phalanx.data" logger.
+`Tuner.describe()` (`Dataset.autotune_report`) says what it chose, after how many elements,
+and what it measured; each change is logged at DEBUG level on the "phalanx.data" logger.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-MARGIN = 0.10  # a width must be predicted this much faster than the fewest workers' best
+MARGIN = 0.10  # more workers must be predicted this much faster than fewer
 CHECK = 8  # timed elements between two re-evaluations
-SAMPLE = 16  # inline, one element in SAMPLE is timed
-HORIZON = 128  # elements the serial share is trusted before it is measured again
+BUDGET = 0.01  # the share of the run spent measuring again widths that were left
+# Timing an element inline (its clocks, and its share of a decision) costs ~5 us: elements
+# are timed one in `stride`, so that it costs a tenth of BUDGET at most.
+_TIMING_S = 5e-6
 _SPAN = 8  # samples a running mean averages over
 # The consumer's intervals come in bursts (N workers finish N elements together, a streaming
 # map's task holds up to 8): their mean spans several bursts.
@@ -114,17 +118,23 @@ class Tuner:
         self._seen: dict[int, tuple[float, int]] = {}  # width: (interval, trusted until)
         self._timed = 0  # elements timed by the consumer
         self._due = 1  # `_timed` at the next decision
-        self._horizon = HORIZON
         self._serial_until = 0  # the serial share is trusted until then (elements)
         if kind != "thread":  # no GIL between processes
             self._serial.add(0.0)
             self._serial_until = sys.maxsize
-        self._before = 0  # the width a burst left
 
     @property
     def settled(self) -> bool:
         """Whether a width was chosen (not only measured)."""
         return self.choice is not None
+
+    @property
+    def stride(self) -> int:
+        """Inline, after a choice: time one element in this many (1 while measuring)."""
+        if self.choice is None or self.level or self._cpu.value is None:
+            return 1
+        alone = self._cpu.value + (self._off.value or 0.0)
+        return min(1024, max(1, math.ceil(_TIMING_S / (BUDGET / 10 * alone))))
 
     def computed(self, width: int, wall: float, cpu: float, count: int = 1) -> None:
         """`count` elements computed by `width` workers (0: inline) took `wall` and `cpu`
@@ -144,7 +154,7 @@ class Tuner:
                 alone = self._cpu.value + self._off.value
                 excess = max(waited - self._off.value, 0.0)
                 self._serial.add(excess / ((width - 1) * alone), count)
-                self._serial_until = max(self._serial_until, self.elements + self._horizon)
+                self._serial_until = max(self._serial_until, self.elements + CHECK)
 
     def consumed(self, own: float | None, wait: float, cpu: float, fill: bool = False) -> int:
         """The consumer took an element: `own` seconds of its own work before asking
@@ -187,22 +197,25 @@ class Tuner:
         return max(floor, alone * (1 + serial * (width - 1)) / width)
 
     def _decide(self) -> None:
-        was, level = self.trial, self.level
-        if level and self._wall.value is not None:
-            seen = self._predict(level, 0.0)
-            self._seen[level] = (seen, self.elements + self._horizon)
+        level = self.level
         known = self._serial.value is not None and self.elements < self._serial_until
         serial = self._serial.value if known else 0.0
         predicted = [self._predict(m, serial) for m in range(self.max_level + 1)]
         best = min(predicted)
         pick = next(m for m, t in enumerate(predicted) if t <= best * (1 + MARGIN))
+        if level and pick != level and self._wall.value is not None:
+            # What was measured here is trusted while measuring it again (a burst of 2, or
+            # CHECK elements) would cost more than BUDGET of the elements since.
+            burst = 2 if level >= 2 and self.kind == "thread" else CHECK
+            lost = burst * max(predicted[level] / predicted[pick] - 1, 0.0)
+            until = self.elements + max(2 * CHECK, int(lost / BUDGET))
+            self._seen[level] = (predicted[level], until)
+            if level >= 2 and self.kind == "thread":
+                self._serial_until = until
         fresh = self.elements < self._seen.get(pick, (0.0, 0))[1]
         self.trial = pick >= 2 and not known and not fresh
         if self.trial:  # one burst of 2 measures the serial share
-            pick, self._serial, self._before = 2, _Mean(), level
-        elif was:
-            self._horizon = 2 * self._horizon if pick == self._before else HORIZON
-            self._serial_until = self.elements + self._horizon
+            pick, self._serial = 2, _Mean()
         self._due = self._timed + (pick if self.trial else CHECK)
         if pick != level:
             self.level, self._wall, self._interval = pick, _Mean(), _Mean(_BURSTS)
@@ -303,13 +316,16 @@ class Autotuned:
             return self._ready.popleft()
         began, cpu = self._clock(), self._cpu()
         own = None if self._returned is None else began - self._returned
-        fill = self._width and (self._executor is None or self._step >= self._until)
+        start = self._width and (self._executor is None or self._step >= self._until)
+        # A burst's first element waits for its workers' start, which the burst costs;
+        # other workers are started for many elements (and kept, processes).
+        fill = start and not self._tuner.trial
         if self._width == 0:
             element = self._fetch(self._step)
             ended, used = self._clock(), self._cpu() - cpu
             self._tuner.computed(0, ended - began, used)
         else:
-            if fill:  # the first element waits for the workers' start
+            if start:
                 self._reopen()
             element = self._executor.next()
             ended, used = self._clock(), self._cpu() - cpu
@@ -318,8 +334,7 @@ class Autotuned:
         width = self._tuner.consumed(own, ended - began, used, bool(fill))
         if width != self._width:
             self._switch(width)
-        if width == 0 and self._tuner.settled:
-            self._skip = SAMPLE - 1
+        self._skip = self._tuner.stride - 1 if width == 0 else 0
         self._returned = ended
         return element
 

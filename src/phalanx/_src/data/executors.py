@@ -240,6 +240,7 @@ class _ParallelMapCursor:
         self._budget: int | None = None  # elements an AUTOTUNE burst may still start
         self._returned: float | None = None  # when the consumer took the last timed element
         self._skip = 0  # inline elements to map untimed before the next timed one
+        self._untimed = 0  # of them, handed out and not told to the tuner yet
 
     def _call(self, element: Any, position: int) -> Any:
         # The words a random-access map over the same chain uses: the same numbers.
@@ -336,8 +337,10 @@ class _ParallelMapCursor:
             result = self._inline()
             self._skip -= 1
             self.position += 1
+            self._untimed += 1
             if not self._skip:
-                tuner.skipped(autotune.SAMPLE - 1)
+                tuner.skipped(self._untimed)
+                self._untimed = 0
                 self._returned = time.perf_counter()
             return result
         began, cpu = time.perf_counter(), time.thread_time()
@@ -369,13 +372,16 @@ class _ParallelMapCursor:
                 self._pool = None
             self._width = level
             self._budget = level if tuner.trial else None
-        if level == 0 and tuner.settled and not self._pending and not self._ready:
-            self._skip = autotune.SAMPLE - 1
+        if level == 0 and not self._pending and not self._ready:
+            self._skip = tuner.stride - 1
 
     def state(self) -> dict:
         return {"parent": self._parent_state, "position": self.position}
 
     def close(self) -> None:
+        if self._untimed:
+            self._tuner.skipped(self._untimed)
+            self._untimed = 0
         self._ready.clear()
         pool, self._pool = self._pool, None
         if pool is not None:
