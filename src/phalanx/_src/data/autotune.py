@@ -112,9 +112,10 @@ class Tuner:
         self.changed_at = 0  # elements handed out when `choice` last changed
         self._lock = threading.Lock()
         self._warm = False  # the first element computed warms up (first calls, caches)
-        self._cpu, self._off, self._serial = _Mean(), _Mean(), _Mean()
+        self._alone, self._cpu0, self._serial = _Mean(), _Mean(), _Mean()  # inline, and s
         self._own0, self._own, self._handle = _Mean(), _Mean(), _Mean()
-        self._wall, self._interval = _Mean(), _Mean(_BURSTS)  # at `level`
+        self._wall, self._cpu = _Mean(), _Mean()  # an element's, at `level`
+        self._interval = _Mean(_BURSTS)  # the consumer's, at `level`
         self._seen: dict[int, tuple[float, int]] = {}  # width: (interval, trusted until)
         self._timed = 0  # elements timed by the consumer
         self._due = 1  # `_timed` at the next decision
@@ -131,30 +132,42 @@ class Tuner:
     @property
     def stride(self) -> int:
         """Inline, after a choice: time one element in this many (1 while measuring)."""
-        if self.choice is None or self.level or self._cpu.value is None:
+        if self.choice is None or self.level or not self.alone:
             return 1
-        alone = self._cpu.value + (self._off.value or 0.0)
-        return min(1024, max(1, math.ceil(_TIMING_S / (BUDGET / 10 * alone))))
+        return min(1024, max(1, math.ceil(_TIMING_S / (BUDGET / 10 * self.alone))))
 
-    def computed(self, width: int, wall: float, cpu: float, count: int = 1) -> None:
+    @property
+    def alone(self) -> float:
+        """Seconds an element takes computed alone (0 before any was timed)."""
+        return self._alone.value or 0.0
+
+    def computed(
+        self, width: int, wall: float, cpu: float, beside: float | None = None, count: int = 1
+    ) -> None:
         """`count` elements computed by `width` workers (0: inline) took `wall` and `cpu`
-        seconds in all, where they were computed."""
+        seconds in all, where they were computed, while the other workers computed for
+        `beside` seconds (None: all the while)."""
         with self._lock:
             if not self._warm:
                 self._warm = True
                 return
             wall, cpu = wall / count, cpu / count
-            self._cpu.add(cpu, count)
-            waited = max(wall - cpu, 0.0)
             if width == self.level:
                 self._wall.add(wall, count)
-            if width == 0:  # the calling thread alone: its waits are the element's own
-                self._off.add(waited, count)
-            elif width > 1 and self._off.value is not None:
-                alone = self._cpu.value + self._off.value
-                excess = max(waited - self._off.value, 0.0)
-                self._serial.add(excess / ((width - 1) * alone), count)
-                self._serial_until = max(self._serial_until, self.elements + CHECK)
+                self._cpu.add(cpu, count)
+            if width == 0:  # the calling thread alone
+                self._alone.add(wall, count)
+                self._cpu0.add(cpu, count)
+            elif width > 1 and self._alone.value is not None:
+                # Beside n others an element runs at 1 / (1 + s n) of its speed alone, so
+                # it takes `excess` = beside s / (1 + s n) longer (beside: n times the time
+                # shared): its waits for the GIL, and the work contention adds.
+                others = width - 1
+                beside = others * wall if beside is None else beside / count
+                excess = max(wall - self._alone.value, 0.0)
+                if beside > 0.1 * wall and beside > others * excess:
+                    self._serial.add(excess / (beside - others * excess), count)
+                    self._serial_until = max(self._serial_until, self.elements + CHECK)
 
     def consumed(self, own: float | None, wait: float, cpu: float, fill: bool = False) -> int:
         """The consumer took an element: `own` seconds of its own work before asking
@@ -163,7 +176,7 @@ class Tuner:
         for a whole element. Returns the width for the next elements."""
         with self._lock:
             self.elements += 1
-            if self._cpu.value is None:  # nothing timed where computed yet (the warm-up)
+            if self._alone.value is None:  # nothing timed inline yet (the warm-up)
                 return self.level
             if own is not None:
                 (self._own0 if self.level == 0 else self._own).add(own)
@@ -184,12 +197,12 @@ class Tuner:
         """Seconds between two elements the consumer takes, with `width` workers: from
         their measured walls at the current width (or the consumer's intervals, if
         longer) and at widths measured lately, else from the model."""
-        alone = self._cpu.value + (self._off.value or 0.0)
+        alone = self._alone.value
         if width == 0:
             return alone + (self._own0.value or 0.0)
         own = self._own.value if self._own.value is not None else self._own0.value or 0.0
         floor = own + (self._handle.value or 0.0)  # the consumer's own part
-        if width == self.level and self._wall.value is not None:
+        if width == self.level and not self.trial and self._wall.value is not None:
             return max(floor, self._wall.value / width, self._interval.value or 0.0)
         interval, until = self._seen.get(width, (0.0, 0))
         if self.elements < until:
@@ -218,7 +231,8 @@ class Tuner:
             pick, self._serial = 2, _Mean()
         self._due = self._timed + (pick if self.trial else CHECK)
         if pick != level:
-            self.level, self._wall, self._interval = pick, _Mean(), _Mean(_BURSTS)
+            self.level, self._wall, self._cpu = pick, _Mean(), _Mean()
+            self._interval = _Mean(_BURSTS)
         if not self.trial and pick != self.choice:
             self.choice, self.changed_at = pick, self.elements
             _log.debug("%s", self._describe())
@@ -240,20 +254,28 @@ class Tuner:
             head += "elements so far)"
         else:
             head = f"AUTOTUNE chose {self._name(self.choice)} after {self.changed_at} elements"
-        if self._cpu.value is None:
+        if self._alone.value is None:
             return head
+
+        def ms(seconds: float) -> str:
+            return f"{seconds * 1e3:.3g} ms"
+
+        text = f"{head}; an element alone: {ms(self.alone)} ({ms(self._cpu0.value)} of CPU)"
+        if self.level and self._wall.value is not None:
+            text += (
+                f", with {self._name(self.level)}: {ms(self._wall.value)} "
+                f"({ms(self._cpu.value)} of CPU)"
+            )
         serial = self._serial.value
         share = "not measured" if serial is None else f"{serial:.2f}"
         times = ", ".join(
-            f"{self._name(m)} {self._predict(m, serial or 0.0) * 1e3:.3g}"
+            f"{self._name(m)} {ms(self._predict(m, serial or 0.0))}"
             for m in range(self.max_level + 1)
         )
-        alone = self._cpu.value + (self._off.value or 0.0)
         own = self._own0.value if self._own0.value is not None else self._own.value or 0.0
         return (
-            f"{head}; an element takes {alone * 1e3:.3g} ms alone ({self._cpu.value * 1e3:.3g} "
-            f"ms of CPU), serial (GIL-held) share {share}; the consumer's own time "
-            f"{own * 1e3:.3g} ms; ms between elements: {times}"
+            f"{text}; serial share {share}; the consumer's own time {ms(own)}; "
+            f"between elements: {times}"
         )
 
 
@@ -262,12 +284,12 @@ class Autotuned:
 
     `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop)`
     opens an executor of `width` workers for elements start..stop-1, whose `next()`
-    returns them in order and whose `cost` is the last one's (wall, cpu) where computed,
-    and whose `drain()` takes the elements in flight. A width change hands those out next,
-    in order: elements are pure functions of their step, so the elements and the
-    iterator's state are those of computing them one by one. A burst that measures the
-    serial share starts exactly its elements, so that a map that holds the GIL pays for
-    2 only.
+    returns them in order, whose `cost` is the last one's (wall, cpu[, beside]) where
+    computed, and whose `drain()` takes the elements in flight. A width change hands those
+    out next, in order: elements are pure functions of their step, so the elements and
+    the iterator's state are those of computing them one by one. A burst that measures
+    the serial share starts exactly its 2 elements, so that a map that holds the GIL
+    pays for 2 elements side by side only (about one more element's time).
     """
 
     def __init__(
@@ -316,26 +338,24 @@ class Autotuned:
             return self._ready.popleft()
         began, cpu = self._clock(), self._cpu()
         own = None if self._returned is None else began - self._returned
-        start = self._width and (self._executor is None or self._step >= self._until)
-        # A burst's first element waits for its workers' start, which the burst costs;
-        # other workers are started for many elements (and kept, processes).
-        fill = start and not self._tuner.trial
+        fill = self._width and (self._executor is None or self._step >= self._until)
         if self._width == 0:
             element = self._fetch(self._step)
             ended, used = self._clock(), self._cpu() - cpu
             self._tuner.computed(0, ended - began, used)
         else:
-            if start:
+            if fill:  # the first element waits for the workers' start
                 self._reopen()
             element = self._executor.next()
             ended, used = self._clock(), self._cpu() - cpu
             self._tuner.computed(self._width, *self._executor.cost)
         self._step += 1
         width = self._tuner.consumed(own, ended - began, used, bool(fill))
+        self._returned = ended
         if width != self._width:
             self._switch(width)
+            self._returned = None  # the switch's own time is not the consumer's
         self._skip = self._tuner.stride - 1 if width == 0 else 0
-        self._returned = ended
         return element
 
     def _flush(self) -> None:
@@ -346,7 +366,7 @@ class Autotuned:
     def _reopen(self) -> None:
         if self._executor is not None:  # a burst's workers, done
             self._executor.close()
-        burst = self._tuner.trial
+        burst = self._tuner.trial  # 2 elements side by side, and no more
         self._until = min(self._stop, self._step + self._width) if burst else self._stop
         self._executor = self._open(self._width, self._step, self._until)
 

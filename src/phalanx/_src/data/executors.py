@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
+import math
 import os
 import threading
 import time
@@ -75,27 +76,31 @@ class Threads:
     """`workers` threads compute elements in order, up to `ahead` elements ahead.
 
     Threads help where the work releases the GIL (NumPy on large arrays, I/O, decoding);
-    Python-bound work is better served by processes (`workers.Processes`) or inline. Each
-    element is timed where it is computed: `cost` is the last one's (wall, CPU) seconds,
-    for AUTOTUNE.
+    Python-bound work is better served by processes (`workers.Processes`) or inline.
+    Each element is timed where it is computed: `cost` is the last one's (wall, CPU, and
+    beside: the seconds other workers computed during it), for AUTOTUNE.
     """
 
     def __init__(self, fetch: Fetch, start: int, stop: int, workers: int, ahead: int) -> None:
         self.workers = workers
-        self.cost = (0.0, 0.0)
+        self.cost: tuple[float, ...] = (0.0, 0.0, 0.0)
         self._fetch = fetch
-        self._next = start
+        self._next = self._out = start
         self._stop = stop
         self._ahead = max(ahead, workers, 1)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             workers, thread_name_prefix=f"phalanx-map-{next(_ids)}"
         )
         self._futures: collections.deque = collections.deque()
+        self._spans: dict[int, list[float]] = {}  # step: [start, end] of elements started
+        self._history: collections.deque = collections.deque(maxlen=2 * workers)
 
     def _timed(self, step: int) -> tuple[Any, float, float]:
-        began, cpu = time.perf_counter(), time.thread_time()
+        cpu = time.thread_time()
+        span = self._spans[step] = [time.perf_counter(), math.inf]
         element = self._fetch(step)
-        return element, time.perf_counter() - began, time.thread_time() - cpu
+        span[1] = time.perf_counter()
+        return element, span[1] - span[0], time.thread_time() - cpu
 
     def _fill(self) -> None:
         while len(self._futures) < self._ahead and self._next < self._stop:
@@ -105,8 +110,13 @@ class Threads:
     def next(self) -> Any:
         self._fill()
         future = self._futures.popleft()
-        element, *cost = future.result()  # a worker's exception is raised here, in order
-        self.cost = tuple(cost)
+        element, wall, cpu = future.result()  # a worker's exception is raised here, in order
+        span = self._spans.pop(self._out)
+        self._out += 1
+        others = [*self._history, *list(self._spans.values())]
+        beside = sum(max(0.0, min(span[1], end) - max(span[0], start)) for start, end in others)
+        self._history.append(span)
+        self.cost = (wall, cpu, beside)
         self._fill()
         return element
 

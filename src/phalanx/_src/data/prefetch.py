@@ -249,6 +249,7 @@ class DevicePrefetcher:
             level = self._tuner.consumed(own, ended - began, self._cpu() - cpu)
             if threaded and level == 0:
                 self._stop_thread()
+                ended = None  # the switch's own time is not the consumer's
         self._returned = ended
         return batch
 
