@@ -198,7 +198,7 @@ def test_autotune_over_processes_starts_its_workers_once_and_stops_them_all(monk
     tuned = tuned.with_options(options)
     it = iter(tuned)
     _same(list(serial), list(it))
-    assert tuned.autotune_report.startswith("AUTOTUNE chose 2 processes after 2 elements")
+    assert tuned.autotune_report.startswith("AUTOTUNE chose 2 processes after 1 element;")
     _same(list(serial), list(tuned))  # the next epoch runs on the kept 2 processes
     assert [count for count, _ in started] == [2]
     table.update({0: 0.4})  # now the calling thread is faster: the workers stop

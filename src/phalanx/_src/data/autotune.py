@@ -24,8 +24,8 @@ others by the model. AUTOTUNE runs the fewest workers whose interval is within `
 the best, up to the cores this process may use (its affinity, `private_threadpool_size`).
 
 `s` only shows where elements run side by side: while it is unknown (a fresh pipeline) or
-stale, one burst of 2 workers measures it (2 elements and no more, after one element of
-warm-up and one timed inline: a map that holds the GIL pays for 2 elements taking turns).
+stale, one burst of 2 workers measures it (2 elements and no more, after one timed inline:
+a map that holds the GIL pays about one element's time for them).
 Everything is measured all the run through and the choice re-evaluated every `CHECK`
 timed elements; what was measured at a width left is trusted while measuring it again
 would cost more than `BUDGET` of the elements since (a GIL-bound map's burst, one element
@@ -111,7 +111,6 @@ class Tuner:
         self.elements = 0  # handed to the consumer so far
         self.changed_at = 0  # elements handed out when `choice` last changed
         self._lock = threading.Lock()
-        self._warm = False  # the first element computed warms up (first calls, caches)
         self._alone, self._cpu0, self._serial = _Mean(), _Mean(), _Mean()  # inline, and s
         self._own0, self._own, self._handle = _Mean(), _Mean(), _Mean()
         self._wall, self._cpu = _Mean(), _Mean()  # an element's, at `level`
@@ -148,9 +147,6 @@ class Tuner:
         seconds in all, where they were computed, while the other workers computed for
         `beside` seconds (None: all the while)."""
         with self._lock:
-            if not self._warm:
-                self._warm = True
-                return
             wall, cpu = wall / count, cpu / count
             if width == self.level:
                 self._wall.add(wall, count)
@@ -176,7 +172,7 @@ class Tuner:
         for a whole element. Returns the width for the next elements."""
         with self._lock:
             self.elements += 1
-            if self._alone.value is None:  # nothing timed inline yet (the warm-up)
+            if self._alone.value is None:  # nothing timed inline yet
                 return self.level
             if own is not None:
                 (self._own0 if self.level == 0 else self._own).add(own)
@@ -193,26 +189,28 @@ class Tuner:
         with self._lock:
             self.elements += count
 
-    def _predict(self, width: int, serial: float) -> float:
+    def _predict(self, width: int, serial: float | None) -> float:
         """Seconds between two elements the consumer takes, with `width` workers: from
         their measured walls at the current width (or the consumer's intervals, if
-        longer) and at widths measured lately, else from the model."""
+        longer; a burst's by the serial share it measured) and at widths measured lately,
+        else from the model (`serial` None: not known, taken as 0)."""
         alone = self._alone.value
         if width == 0:
             return alone + (self._own0.value or 0.0)
         own = self._own.value if self._own.value is not None else self._own0.value or 0.0
         floor = own + (self._handle.value or 0.0)  # the consumer's own part
-        if width == self.level and not self.trial and self._wall.value is not None:
+        measured = width == self.level and self._wall.value is not None
+        if measured and not (self.trial and serial is not None):
             return max(floor, self._wall.value / width, self._interval.value or 0.0)
         interval, until = self._seen.get(width, (0.0, 0))
         if self.elements < until:
             return interval
-        return max(floor, alone * (1 + serial * (width - 1)) / width)
+        return max(floor, alone * (1 + (serial or 0.0) * (width - 1)) / width)
 
     def _decide(self) -> None:
         level = self.level
         known = self._serial.value is not None and self.elements < self._serial_until
-        serial = self._serial.value if known else 0.0
+        serial = self._serial.value if known else None
         predicted = [self._predict(m, serial) for m in range(self.max_level + 1)]
         best = min(predicted)
         pick = next(m for m, t in enumerate(predicted) if t <= best * (1 + MARGIN))
@@ -226,7 +224,8 @@ class Tuner:
             if level >= 2 and self.kind == "thread":
                 self._serial_until = until
         fresh = self.elements < self._seen.get(pick, (0.0, 0))[1]
-        self.trial = pick >= 2 and not known and not fresh
+        # (Elements too short to overlap leave it unknown: then the width runs on, measured.)
+        self.trial = pick >= 2 and not known and not fresh and not self.trial
         if self.trial:  # one burst of 2 measures the serial share
             pick, self._serial = 2, _Mean()
         self._due = self._timed + (pick if self.trial else CHECK)
@@ -249,11 +248,14 @@ class Tuner:
         return f"{width} {self.kind}{plural if width > 1 else ''}"
 
     def _describe(self) -> str:
+        def count(n: int) -> str:
+            return f"{n} element{'s' if n != 1 else ''}"
+
         if self.choice is None:
-            head = f"AUTOTUNE measuring (now at {self._name(self.level)}, {self.elements} "
-            head += "elements so far)"
+            head = f"AUTOTUNE measuring (now at {self._name(self.level)}, "
+            head += f"{count(self.elements)} so far)"
         else:
-            head = f"AUTOTUNE chose {self._name(self.choice)} after {self.changed_at} elements"
+            head = f"AUTOTUNE chose {self._name(self.choice)} after {count(self.changed_at)}"
         if self._alone.value is None:
             return head
 
@@ -269,7 +271,7 @@ class Tuner:
         serial = self._serial.value
         share = "not measured" if serial is None else f"{serial:.2f}"
         times = ", ".join(
-            f"{self._name(m)} {ms(self._predict(m, serial or 0.0))}"
+            f"{self._name(m)} {ms(self._predict(m, serial))}"
             for m in range(self.max_level + 1)
         )
         own = self._own0.value if self._own0.value is not None else self._own.value or 0.0
