@@ -271,8 +271,7 @@ class Tuner:
         serial = self._serial.value
         share = "not measured" if serial is None else f"{serial:.2f}"
         times = ", ".join(
-            f"{self._name(m)} {ms(self._predict(m, serial))}"
-            for m in range(self.max_level + 1)
+            f"{self._name(m)} {ms(self._predict(m, serial))}" for m in range(self.max_level + 1)
         )
         own = self._own0.value if self._own0.value is not None else self._own.value or 0.0
         return (
