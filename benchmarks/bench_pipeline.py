@@ -32,6 +32,14 @@ against the best fixed thread setting), with 2 threads, and with 1 and 2 process
 examples/s of the pipeline alone, after 3 warm-up epochs (worker start-up, AUTOTUNE's
 measuring), best of interleaved epochs.
 
+Section "autotune" (issue 42): 1,500 40x40x3 uint8 images mapped per example, then
+batch(64), with --maps augment (GIL-bound augmentation, ~0.1 ms an image), svd (six 32x32
+SVDs, which release the GIL), light (the "maps" section's crop, flip, normalise) or rows (a
+cheap map, no batch: what AUTOTUNE's machinery costs): images/s of each setting (sequential,
+1 and 2 threads, AUTOTUNE) for a pipeline built fresh (its first epoch) and for one
+pipeline over 4 epochs, interleaved, best of --passes rounds, with AUTOTUNE's ratios and
+reports.
+
 Section "images": the file-based pipeline (PNG digits written to a temporary folder,
 image_dataset_from_directory, which decodes with AUTOTUNE): examples/s alone, and fit of a
 small CNN fed by it, with the input-wait fraction fit reports.

@@ -1,43 +1,19 @@
 """AUTOTUNE: one model of what an element costs, and the number of workers it asks for.
 
-How many workers compute a pipeline's elements (0: the calling thread) decides how long
-its consumer waits for each. `num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`,
-`DevicePrefetcher(autotune=True)`) measure, for the whole run:
-
-- where each element is computed (a worker, or the calling thread): its wall time and its
-  thread CPU time (`time.thread_time`). Their difference is the time it did not run: its
-  waits for I/O when the calling thread computes it alone (`off`), and, beside other
-  workers, its waits for the GIL (or a core) besides;
-- in the consumer: its own time between two requests (`own`), how long it waits in each,
-  and the CPU it spends taking an element from the workers (`handle`).
-
-The model is tf.data's autotuner's, with the GIL as one more shared resource. An element
-alone takes `w0 = cpu + off`; inline, the consumer computes it, so an element comes every
-`w0 + own`. m workers deliver `S(m) = m / (1 + s (m - 1))` elements per `w0` (Amdahl's law,
-with `s` the serial share: what an element computed beside m - 1 others waits beyond its
-waits alone, over (m - 1) elements' time; ~1 for a map that holds the GIL, whose threads
-only take turns, ~0 for one that releases it), so an element comes every
-`max(own + handle, w0 / S(m))`: the consumer waits unless the workers outpace its own
-work. The width running now is judged by its workers' measured wall times (or by the
-consumer's intervals, if longer), widths measured lately by what was measured there, the
-others by the model. AUTOTUNE runs the fewest workers whose interval is within `MARGIN` of
-the best, up to the cores this process may use (its affinity, `private_threadpool_size`).
-
-`s` only shows where elements run side by side: while it is unknown (a fresh pipeline) or
-stale, one burst of 2 workers measures it (2 elements and no more, after one timed inline:
-a map that holds the GIL pays about one element's time for them).
-Everything is measured all the run through and the choice re-evaluated every `CHECK`
-timed elements; what was measured at a width left is trusted while measuring it again
-would cost more than `BUDGET` of the elements since (a GIL-bound map's burst, one element
-in ~120). Inline, elements are timed one in `stride` (more apart the cheaper they are), so
-that AUTOTUNE that chose the calling thread costs what `num_parallel_calls=None` does.
-Worker processes, only where the map allows them (`workers="process"`), share no GIL:
-their `s` starts at 0 and measures the contention for cores.
-
-The state is a `Tuner` per pipeline (kept across its iterators, so later epochs start at
-the choice), locked; `Autotuned` is the executor that times elements and follows it.
-`Tuner.describe()` (`Dataset.autotune_report`) says what it chose, after how many elements,
-and what it measured; each change is logged at DEBUG level on the "phalanx.data" logger.
+Measured the run through: where each element is computed (a worker, or the calling
+thread), its wall and thread CPU time (wall minus CPU: what it waited, for the GIL among
+others); in the consumer, its own time between two requests (`own`), its waits, and the
+CPU it spends taking an element from the workers (`handle`). The model is tf.data's
+autotuner's, with the GIL as one more shared resource: an element alone takes `w0`
+(timed inline), so inline an element comes every `w0 + own`; m workers deliver
+`S(m) = m / (1 + s (m - 1))` elements per `w0` (Amdahl's law: `s`, the serial share, is
+what an element computed beside others loses to them; ~1 or more for a map that holds
+the GIL, ~0 for one that releases it), so an element comes every
+`max(own + handle, w0 / S(m))`. AUTOTUNE runs the fewest workers within `MARGIN` of the
+best, capped by the cores. `s` shows only where elements run side by side: while it is
+unknown or stale, one burst of 2 threads measures it (2 elements, no more; about one
+element's time on a GIL-bound map). Widths left are measured again when that costs less
+than `BUDGET` of the elements since. docs/input-performance.md ("AUTOTUNE") says more.
 """
 
 from __future__ import annotations
@@ -54,13 +30,9 @@ from typing import Any
 MARGIN = 0.10  # more workers must be predicted this much faster than fewer
 CHECK = 8  # timed elements between two re-evaluations
 BUDGET = 0.01  # the share of the run spent measuring again widths that were left
-# Timing an element inline (its clocks, and its share of a decision) costs ~5 us: elements
-# are timed one in `stride`, so that it costs a tenth of BUDGET at most.
-_TIMING_S = 5e-6
+_TIMING_S = 5e-6  # timing an element inline (and its share of a decision): 1/10 of BUDGET
 _SPAN = 8  # samples a running mean averages over
-# The consumer's intervals come in bursts (N workers finish N elements together, a streaming
-# map's task holds up to 8): their mean spans several bursts.
-_BURSTS = 32
+_BURSTS = 32  # the same for the consumer's intervals, which come in bursts of N workers
 _log = logging.getLogger("phalanx.data")
 
 
@@ -85,9 +57,8 @@ class Tuner:
     """How many workers compute a pipeline's elements (0: the calling thread), and why.
 
     Fed by its drivers (`Autotuned`, the streaming map, `DevicePrefetcher`) with what each
-    element cost where it was computed (`computed`) and in the consumer (`consumed`,
-    which returns the width for the next elements). Thread-safe: several iterators of one
-    pipeline may feed it at once.
+    element cost where it was computed (`computed`) and in the consumer (`consumed`, which
+    returns the width for the next ones). Locked: iterators in several threads may feed it.
 
     Args:
       max_level: the most workers (the cores, or `private_threadpool_size`; 1 for a
@@ -244,18 +215,15 @@ class Tuner:
     def _name(self, width: int) -> str:
         if width == 0:
             return "the calling thread"
-        plural = "es" if self.kind.endswith("s") else "s"
-        return f"{width} {self.kind}{plural if width > 1 else ''}"
+        return f"{width} {self.kind}{('es' if self.kind == 'process' else 's') * (width > 1)}"
 
     def _describe(self) -> str:
-        def count(n: int) -> str:
-            return f"{n} element{'s' if n != 1 else ''}"
-
+        elements = self.elements if self.choice is None else self.changed_at
+        elements = f"{elements} element{'s' * (elements != 1)}"
         if self.choice is None:
-            head = f"AUTOTUNE measuring (now at {self._name(self.level)}, "
-            head += f"{count(self.elements)} so far)"
+            head = f"AUTOTUNE measuring (now at {self._name(self.level)}, {elements} so far)"
         else:
-            head = f"AUTOTUNE chose {self._name(self.choice)} after {count(self.changed_at)}"
+            head = f"AUTOTUNE chose {self._name(self.choice)} after {elements}"
         if self._alone.value is None:
             return head
 
@@ -284,13 +252,11 @@ class Autotuned:
     """An executor that computes elements at the width its `Tuner` asks for, timing them.
 
     `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop)`
-    opens an executor of `width` workers for elements start..stop-1, whose `next()`
-    returns them in order, whose `cost` is the last one's (wall, cpu[, beside]) where
-    computed, and whose `drain()` takes the elements in flight. A width change hands those
-    out next, in order: elements are pure functions of their step, so the elements and
-    the iterator's state are those of computing them one by one. A burst that measures
-    the serial share starts exactly its 2 elements, so that a map that holds the GIL
-    pays for 2 elements side by side only (about one more element's time).
+    opens `width` workers for elements start..stop-1: `next()` returns them in order,
+    `cost` is the last one's (wall, cpu[, beside]) where computed, `drain()` takes those in
+    flight, which a width change hands out next, in order (elements are pure functions of
+    their step: the elements and the iterator's state are those of computing them one by
+    one). A burst starts exactly its 2 elements: a GIL-bound map pays for those only.
     """
 
     def __init__(
@@ -313,10 +279,6 @@ class Autotuned:
         self._returned: float | None = None  # when the consumer took the last timed element
         self._skip = 0  # inline elements to compute untimed before the next timed one
         self._untimed = 0  # of them, handed out and not told to the tuner yet
-
-    @property
-    def workers(self) -> int:
-        return self._width
 
     @property
     def pids(self) -> list[int]:
