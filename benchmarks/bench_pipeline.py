@@ -360,12 +360,11 @@ def _tuned(base: Dataset, fn: Callable, calls: int | None, batch: int | None) ->
     return ds if batch is None else ds.batch(batch)
 
 
-def _rate_of(ds: Dataset) -> float:
-    """Elements/s of one epoch (images/s when elements are images, batches are counted by
-    their images)."""
+def _rate_of(ds: Dataset, batched: bool) -> float:
+    """Images/s of one epoch (a batch counts its images)."""
     began, count = time.perf_counter(), 0
     for xb, _ in ds:
-        count += len(xb) if xb.ndim == 4 else 1
+        count += len(xb) if batched else 1
     return count / (time.perf_counter() - began)
 
 
@@ -389,13 +388,13 @@ def section_autotune(args: argparse.Namespace) -> None:
         for _ in range(args.passes):
             for name, calls in TUNE_SETTINGS.items():
                 ds = _tuned(base, fn, calls, batch)
-                fresh[name] = max(fresh[name], _rate_of(ds))
+                fresh[name] = max(fresh[name], _rate_of(ds, batch is not None))
                 if calls == -1:
                     reports["fresh"] = ds.autotune_report
             for name, calls in TUNE_SETTINGS.items():
                 ds = _tuned(base, fn, calls, batch)
                 for epoch in range(4):
-                    kept[name][epoch] = max(kept[name][epoch], _rate_of(ds))
+                    kept[name][epoch] = max(kept[name][epoch], _rate_of(ds, batch is not None))
                 if calls == -1:
                     reports["kept"] = ds.autotune_report
         fixed = [n for n in names if n != "AUTOTUNE"]
