@@ -183,7 +183,7 @@ class DatasetMap:
           >>> ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE).batch(64)
           >>> for batch in ds: ...
           >>> ds.autotune_report
-          'AUTOTUNE chose 2 threads after 4 elements; an element takes 35.1 ms alone ...'
+          'AUTOTUNE chose 2 threads after 3 elements; an element alone: 35.7 ms ...'
         """
         tuner = getattr(self, "_tuner", None)
         if tuner is None:  # a map after a streaming op keeps its decision on its node

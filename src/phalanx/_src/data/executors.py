@@ -330,7 +330,7 @@ class _ParallelMapCursor:
                 raise
             self._learn(len(results), wall)
             if self._tuner is not None and results:
-                self._tuner.computed(width, wall, cpu, len(results))
+                self._tuner.computed(width, wall, cpu, count=len(results))
             self._ready.extend((r, s, width) for r, s in zip(results, states, strict=False))
             if raised is not None:
                 self._ready.append((raised, states[len(results)], width))
