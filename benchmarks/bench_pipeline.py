@@ -32,6 +32,14 @@ against the best fixed thread setting), with 2 threads, and with 1 and 2 process
 examples/s of the pipeline alone, after 3 warm-up epochs (worker start-up, AUTOTUNE's
 measuring), best of interleaved epochs.
 
+Section "autotune" (issue 42): 1,500 40x40x3 uint8 images mapped per example, then
+batch(64), with --maps augment (GIL-bound augmentation, ~0.1 ms an image), svd (six 32x32
+SVDs, which release the GIL), light (the "maps" section's crop, flip, normalise) or rows (a
+cheap map, no batch: what AUTOTUNE's machinery costs): images/s of each setting (sequential,
+1 and 2 threads, AUTOTUNE) for a pipeline built fresh (its first epoch) and for one
+pipeline over 4 epochs, interleaved, best of --passes rounds, with AUTOTUNE's ratios and
+reports.
+
 Section "images": the file-based pipeline (PNG digits written to a temporary folder,
 image_dataset_from_directory, which decodes with AUTOTUNE): examples/s alone, and fit of a
 small CNN fed by it, with the input-wait fraction fit reports.
@@ -303,6 +311,122 @@ def section_maps(args: argparse.Namespace) -> None:
     print("\n" + "\n".join(reports))
 
 
+TUNE_N, TUNE_BATCH = 1500, 64
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+_STD = np.array([0.229, 0.224, 0.225], np.float32)
+
+
+def augment(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Augmentation as users write it: small NumPy operations driven from Python (crop,
+    flip, brightness and contrast jitter, normalisation), ~0.1 ms an image, GIL-bound."""
+    rng = np.random.default_rng(int(image[0, 0, 0]) + int(label))
+    padded = np.pad(image, ((4, 4), (4, 4), (0, 0)), mode="reflect")
+    top, left = rng.integers(0, 9, 2)
+    crop = padded[top : top + IMAGE[0], left : left + IMAGE[1]].astype(np.float32)
+    if rng.random() < 0.5:
+        crop = crop[:, ::-1]
+    crop = crop * rng.uniform(0.8, 1.2) + rng.uniform(-20, 20)
+    mean = crop.mean(axis=(0, 1), keepdims=True)
+    crop = (crop - mean) * rng.uniform(0.8, 1.2) + mean
+    crop = np.clip(crop, 0, 255) / 255.0
+    return ((crop - _MEAN) / _STD).astype(np.float32), label
+
+
+def svd_map(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Six 32x32 SVDs per example, one LAPACK call each (which releases the GIL)."""
+    values = [
+        np.linalg.svd(image[at : at + 32, at : at + 32, c].astype(np.float64), compute_uv=True)[1]
+        for c in range(3)
+        for at in (0, 8)
+    ]
+    return np.stack(values).astype(np.float32), label
+
+
+def _tune_base() -> Dataset:
+    images = np.random.default_rng(0).integers(0, 256, (TUNE_N, *IMAGE), dtype=np.uint8)
+    return Dataset.from_tensor_slices((images, np.arange(TUNE_N, dtype=np.int32)))
+
+
+TUNE_SETTINGS = {"sequential": None, "1 thread": 1, "2 threads": 2, "AUTOTUNE": -1}
+
+
+def flip(image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A cheap map (~2 us): what AUTOTUNE's machinery costs around it shows."""
+    return image[:, ::-1], label
+
+
+def _tuned(base: Dataset, fn: Callable, calls: int | None, batch: int | None) -> Dataset:
+    ds = base.map(fn, num_parallel_calls=calls)
+    return ds if batch is None else ds.batch(batch)
+
+
+def _rate_of(ds: Dataset, batched: bool) -> float:
+    """Images/s of one epoch (a batch counts its images)."""
+    began, count = time.perf_counter(), 0
+    for xb, _ in ds:
+        count += len(xb) if batched else 1
+    return count / (time.perf_counter() - began)
+
+
+def section_autotune(args: argparse.Namespace) -> None:
+    """Issue 42's rows: 1,500 40x40x3 uint8 images mapped per example, then batch(64);
+    images/s of a fresh pipeline's first epoch, and of each of 4 epochs of one pipeline,
+    for each setting, interleaved, best of `--passes` rounds. "rows": a cheap map and no
+    batch (1,500 elements of ~30 us), where AUTOTUNE's own cost would show."""
+    base = _tune_base()
+    names = list(TUNE_SETTINGS)
+    maps = {
+        "augment": ("GIL-bound (augment)", augment, TUNE_BATCH),
+        "svd": ("GIL-releasing (6 SVDs)", svd_map, TUNE_BATCH),
+        "light": ("GIL-bound, light (crop, flip, normalise)", gil_bound, TUNE_BATCH),
+        "rows": ("cheap map per row, no batch", flip, None),
+    }
+    for title, fn, batch in (maps[name] for name in args.maps.split(",")):
+        fresh = {name: 0.0 for name in names}
+        kept = {name: [0.0] * 4 for name in names}
+        reports = {}
+        for _ in range(args.passes):
+            for name, calls in TUNE_SETTINGS.items():
+                ds = _tuned(base, fn, calls, batch)
+                fresh[name] = max(fresh[name], _rate_of(ds, batch is not None))
+                if calls == -1:
+                    reports["fresh"] = ds.autotune_report
+            for name, calls in TUNE_SETTINGS.items():
+                ds = _tuned(base, fn, calls, batch)
+                for epoch in range(4):
+                    kept[name][epoch] = max(kept[name][epoch], _rate_of(ds, batch is not None))
+                if calls == -1:
+                    reports["kept"] = ds.autotune_report
+        fixed = [n for n in names if n != "AUTOTUNE"]
+        best = max(fresh[n] for n in fixed)
+        print(f"\n## {title}: images/s, best of {args.passes} interleaved rounds")
+        print(
+            f"{'setting':<12} {'fresh epoch':>12} "
+            + " ".join(f"{'epoch ' + str(e + 1):>9}" for e in range(4))
+        )
+        for name in names:
+            cells = " ".join(f"{r:>9.0f}" for r in kept[name])
+            print(f"{name:<12} {fresh[name]:>12.0f} {cells}")
+        seq = fresh["sequential"]
+        tuned = fresh["AUTOTUNE"]
+        print(f"AUTOTUNE fresh: {tuned / seq:.2f}x sequential, {tuned / best:.2f}x the best fixed")
+        for against in ("sequential", "the best fixed"):
+            ratios = [
+                kept["AUTOTUNE"][e]
+                / (
+                    kept["sequential"][e]
+                    if against == "sequential"
+                    else max(kept[n][e] for n in fixed)
+                )
+                for e in range(4)
+            ]
+            print(
+                f"AUTOTUNE kept, per epoch / {against}: " + ", ".join(f"{r:.2f}x" for r in ratios)
+            )
+        for when, text in reports.items():
+            print(f"  {when}: {text}")
+
+
 def section_images(args: argparse.Namespace) -> None:
     import tempfile
     import warnings
@@ -369,6 +493,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "fit": section_fit,
     "maps": section_maps,
     "images": section_images,
+    "autotune": section_autotune,
 }
 
 
@@ -380,6 +505,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--passes", type=int, default=3, help="timed passes; the best is shown")
     parser.add_argument("--step-ms", type=float, default=10.0, help="overlap: step and map")
     parser.add_argument("--tune-malloc", action="store_true", help="see the module docstring")
+    parser.add_argument("--maps", default="augment,svd", help="autotune: augment,svd,light")
     args = parser.parse_args(argv)
     malloc = "tuned" if args.tune_malloc and tune_malloc() else "default"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

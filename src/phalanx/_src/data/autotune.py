@@ -1,379 +1,355 @@
-"""AUTOTUNE that never loses: measure what parallelism buys this pipeline, then keep the best.
+"""AUTOTUNE: one model of what an element costs, and the number of workers it asks for.
 
-Threads fight over the GIL: a map of small NumPy operations driven from Python runs about
-half as fast on two threads as in the calling thread, while a map that releases the GIL
-(large array kernels, decoding, file reads) gains. No rule decides this beforehand, so
-`num_parallel_calls=AUTOTUNE` (and `prefetch(AUTOTUNE)`) measure it online: the elements are
-computed at parallelism 0 (the calling thread alone), then 1, 2, 4, 8, ... workers (the
-last level the CPU count), a window of elements each, and the pipeline settles on the
-level whose *per-element wall time as the consumer sees it* is lowest. That time includes
-the consumer's own work between elements and any slowdown the workers cause it, which is
-what a training loop pays.
-
-After the climb, the calling thread and the two best other levels are always measured
-again, in turn, twice (the confirmation), however the climb's single windows compared: on a
-loaded machine one 20 ms window can run at half speed, and a climb that gave up on a window,
-or ranked two levels by one, chose by noise. On a shared VM a whole window can also run
-~1.6x slower or faster for no reason of its own (the host's clock and scheduling follow
-the load: the calling thread measured right after two busy threads, or after a pause, runs
-slower for tens of ms). So every level, the calling thread included, is scored by the
-median of all its windows (one odd window does not move it; the calling thread's first
-window, measured while the pipeline warms up, is one of three), and a parallel level is
-chosen only when it is faster than the calling thread by more than `margin` (10 %), so
-AUTOTUNE is not slower than sequential by more than noise. An apparent gain between -10 %
-and +35 % is within what the noise makes of one round: up to `rounds` rounds are measured
-before it decides; a clear gain or loss decides after one.
-
-Windows are short (3 elements and 20 ms at least, 1 element of warm-up after a switch):
-an element is often a whole batch of 16-64 mapped examples, and the decision must come
-early (earlier windows of 16 elements and 0.1 s took ~130 batches, longer than the
-1,500-example runs of issue 34, which thus ran mostly at the levels being measured and
-landed at ~1.0x sequential where 2 threads gave 1.8x). On 2 cores one round (9 windows)
-takes ~240 elements of a 1 ms map and ~40 of a 10 ms one; three rounds ~480 and ~90.
-Worker processes usually compute whole batches: their window is one burst (an element per
-worker), and while measuring they start no more elements than the window needs (each one
-in flight at a switch is handed out unmeasured): 24 batches on 2 cores, ~160 on 16.
-
-The choice is kept on the Dataset, so later epochs start at it; `Tuner.describe()` (and
-`Dataset.autotune_report`) says what was measured and chosen, and the choice is logged at
-DEBUG level on the "phalanx.data" logger. Workers are threads unless the
-map asked for processes (`map(fn, num_parallel_calls=AUTOTUNE, workers="process")`), in which
-case the levels are process counts; AUTOTUNE never switches to processes on its own (they
-need a picklable function and a `__main__` guard in scripts).
-
-`Tuner` holds the decision and is fed measured windows, so its logic is tested with
-injected timings; `Autotuned` is the executor that measures and switches.
+Measured the run through: where each element is computed (a worker, or the calling
+thread), its wall and thread CPU time (wall minus CPU: what it waited, for the GIL among
+others); in the consumer, its own time between two requests (`own`), its waits, and the
+CPU it spends taking an element from the workers (`handle`). The model is tf.data's
+autotuner's, with the GIL as one more shared resource: an element alone takes `w0`
+(timed inline), so inline an element comes every `w0 + own`; m workers deliver
+`S(m) = m / (1 + s (m - 1))` elements per `w0` (Amdahl's law: `s`, the serial share, is
+what an element computed beside others loses to them; ~1 or more for a map that holds
+the GIL, ~0 for one that releases it), so an element comes every
+`max(own + handle, w0 / S(m))`. AUTOTUNE runs the fewest workers within `MARGIN` of the
+best, capped by the cores. `s` shows only where elements run side by side: while it is
+unknown or stale, one burst of 2 threads measures it (2 elements, no more; about one
+element's time on a GIL-bound map). Widths left are measured again when that costs less
+than `BUDGET` of the elements since. docs/input-performance.md ("AUTOTUNE") says more.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import functools
 import logging
-import statistics
+import math
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-_MAX_WINDOW = 64  # elements in one measured window at most, however fast they are
-# Gains (level 0's time over a level's) that one round of a shared VM's windows cannot tell
-# apart from noise: another round is measured.
-UNSURE = (0.9, 1.35)
+MARGIN = 0.10  # more workers must be predicted this much faster than fewer
+CHECK = 8  # timed elements between two re-evaluations
+BUDGET = 0.01  # the share of the run spent measuring again widths that were left
+_TIMING_S = 5e-6  # timing an element inline (and its share of a decision): 1/10 of BUDGET
+_SPAN = 8  # samples a running mean averages over
+_BURSTS = 32  # the same for the consumer's intervals, which come in bursts of N workers
 _log = logging.getLogger("phalanx.data")
 
 
-def per_element(intervals: Sequence[float], burst: int = 1) -> float:
-    """The mean time between elements, not counting one isolated stall.
+class _Mean:
+    """The mean of the first `span` samples, then an exponential mean of that span."""
 
-    N workers hand out elements in bursts of N: N-1 intervals near 0, then one gap of
-    about N elements' time. So the intervals are summed burst by burst (`burst` = N), and
-    one long stall in a window of 8 bursts or more (a compile in the consumer, a page-in)
-    must not decide the level: a burst over 10x the median burst is counted as the
-    median. (Compared interval by interval, the median at 8 workers is a near-0 one, and
-    a burst's gap looked like a stall: 8 and 16 workers were measured 1.5-1,400x too
-    fast.) A short window is kept whole: its gaps are the rate itself.
-    """
-    if not intervals:
-        raise ValueError("a measured window needs at least one interval")
-    burst = max(burst, 1)
-    sums = sorted(sum(intervals[i : i + burst]) for i in range(0, len(intervals), burst))
-    total = sum(sums)
-    middle = sums[len(sums) // 2]
-    if len(sums) >= 8 and sums[-1] > 10 * middle:
-        total += middle - sums[-1]
-    return total / len(intervals)
+    __slots__ = ("count", "span", "value")
+
+    def __init__(self, span: int = _SPAN) -> None:
+        self.value: float | None = None
+        self.count, self.span = 0, span
+
+    def add(self, x: float, weight: int = 1) -> None:
+        self.count += weight
+        if self.value is None:
+            self.value = x
+        else:
+            self.value += (x - self.value) * min(1.0, weight / min(self.count, self.span))
 
 
-@dataclasses.dataclass
 class Tuner:
-    """Chooses a pipeline's parallelism (0: the calling thread) from measured windows.
+    """How many workers compute a pipeline's elements (0: the calling thread), and why.
 
-    Levels 0, 1 and 2 are tried, then 4, 8, ... and `max_level` while each is not clearly
-    worse than the one tried before it; then level 0 and the two best other levels are
-    measured `confirmations` more times each, in turn. Each level's score is the median of
-    its windows (the slower middle one of an even count); the best parallel level wins if
-    it beats level 0 by `margin`. While the best one's gain is ambiguous (within
-    `UNSURE`), up to `rounds` rounds are measured.
+    Fed by its drivers (`Autotuned`, the streaming map, `DevicePrefetcher`) with what each
+    element cost where it was computed (`computed`) and in the consumer (`consumed`, which
+    returns the width for the next ones). Locked: iterators in several threads may feed it.
 
     Args:
-      max_level: the most workers to try (the CPU count for a map, 1 for a prefetch).
-      margin: the relative gain a parallel level needs over the calling thread (0.10).
-      warmup: elements ignored after each switch (pool start-up, first calls).
-      window: elements measured per trial (at least; longer while under `min_seconds`).
-      min_seconds: a trial's shortest duration, so that timer noise stays small.
-      confirmations: how many more times level 0 and the two best other levels are
-        measured, in turn, in a round.
-      rounds: the most rounds measured while the gain is ambiguous.
+      max_level: the most workers (the cores, or `private_threadpool_size`; 1 for a
+        prefetch thread).
+      kind: "thread" or "process" (no GIL between workers).
 
     Example:
       >>> tuner = Tuner(max_level=2)
-      >>> while not tuner.settled:
-      ...     tuner.observe(intervals_measured_at(tuner.level))
-      >>> tuner.choice
+      >>> tuner.computed(0, wall=0.010, cpu=0.010)          # an element, computed inline
+      >>> width = tuner.consumed(own=0.0, wait=0.010, cpu=0.010)
+      >>> tuner.describe()
     """
 
-    max_level: int
-    margin: float = 0.10
-    warmup: int = 1
-    window: int = 3
-    min_seconds: float = 0.02
-    confirmations: int = 2
-    rounds: int = 3
-    kind: str = "thread"  # what a level counts: "thread" or "process" workers
-    samples: dict[int, list[float]] = dataclasses.field(default_factory=dict, init=False)
-    # The window being measured, kept across iterators (a short epoch holds few elements).
-    pending: list[float] = dataclasses.field(default_factory=list, init=False)
-    since_switch: int = dataclasses.field(default=0, init=False)
-    choice: int | None = dataclasses.field(default=None, init=False)
-    elements: int = dataclasses.field(default=0, init=False)  # handed out while measuring
-    level: int = dataclasses.field(default=0, init=False)
-    _confirm: list[int] = dataclasses.field(default_factory=list, init=False)
-    _climbing: bool = dataclasses.field(default=True, init=False)
-    _candidates: list[int] = dataclasses.field(default_factory=list, init=False)  # confirming
-    _rounds_done: int = dataclasses.field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.max_level < 0:
-            raise ValueError(f"max_level must be >= 0, got {self.max_level}")
-        if self.max_level == 0:
-            self.choice = 0
+    def __init__(self, max_level: int, kind: str = "thread") -> None:
+        if max_level < 0:
+            raise ValueError(f"max_level must be >= 0, got {max_level}")
+        self.max_level, self.kind = max_level, kind
+        self.level = 0  # the width elements are computed at now
+        self.trial = False  # whether `level` is a burst that measures the serial share
+        self.choice: int | None = 0 if max_level == 0 else None  # the last width chosen
+        self.elements = 0  # handed to the consumer so far
+        self.changed_at = 0  # elements handed out when `choice` last changed
+        self._lock = threading.Lock()
+        self._alone, self._cpu0, self._serial = _Mean(), _Mean(), _Mean()  # inline, and s
+        self._own0, self._own, self._handle = _Mean(), _Mean(), _Mean()
+        self._wall, self._cpu = _Mean(), _Mean()  # an element's, at `level`
+        self._interval = _Mean(_BURSTS)  # the consumer's, at `level`
+        self._seen: dict[int, tuple[float, int]] = {}  # width: (interval, trusted until)
+        self._timed = 0  # elements timed by the consumer
+        self._due = 1  # `_timed` at the next decision
+        self._serial_until = 0  # the serial share is trusted until then (elements)
+        if kind != "thread":  # no GIL between processes
+            self._serial.add(0.0)
+            self._serial_until = sys.maxsize
 
     @property
     def settled(self) -> bool:
-        """Whether the choice is made (then `level` is `choice` for good)."""
+        """Whether a width was chosen (not only measured)."""
         return self.choice is not None
 
-    def enough(self, intervals: Sequence[float]) -> bool:
-        """Whether a window of these intervals is long enough to be observed.
+    @property
+    def stride(self) -> int:
+        """Inline, after a choice: time one element in this many (1 while measuring)."""
+        if self.choice is None or self.level or not self.alone:
+            return 1
+        return min(1024, max(1, math.ceil(_TIMING_S / (BUDGET / 10 * self.alone))))
 
-        At N workers elements tend to arrive in bursts of N, so a window holds a multiple
-        of N intervals: whole bursts, whose mean is the rate.
-        """
-        n = len(intervals)
-        if n >= _MAX_WINDOW:
-            return True
-        whole = n % max(self.level, 1) == 0
-        return whole and n >= self.window and sum(intervals) >= self.min_seconds
+    @property
+    def alone(self) -> float:
+        """Seconds an element takes computed alone (0 before any was timed)."""
+        return self._alone.value or 0.0
 
-    def tick(self, last: float | None, now: float) -> bool:
-        """One element handed to the consumer at `now` (the one before at `last`, None for
-        the first one an executor hands out): records the interval once past the warm-up,
-        observes a full window, and says whether the level changed."""
-        if last is not None and self.since_switch >= self.warmup:
-            self.pending.append(now - last)
-        self.since_switch += 1
-        self.elements += not self.settled
-        if not self.enough(self.pending):
-            return False
-        before = self.level
-        self.observe(self.pending)
-        return self.level != before
+    def computed(
+        self, width: int, wall: float, cpu: float, beside: float | None = None, count: int = 1
+    ) -> None:
+        """`count` elements computed by `width` workers (0: inline) took `wall` and `cpu`
+        seconds in all, where they were computed, while the other workers computed for
+        `beside` seconds (None: all the while)."""
+        with self._lock:
+            wall, cpu = wall / count, cpu / count
+            if width == self.level:
+                self._wall.add(wall, count)
+                self._cpu.add(cpu, count)
+            if width == 0:  # the calling thread alone
+                self._alone.add(wall, count)
+                self._cpu0.add(cpu, count)
+            elif width > 1 and self._alone.value is not None:
+                # Beside n others an element runs at 1 / (1 + s n) of its speed alone, so
+                # it takes `excess` = beside s / (1 + s n) longer (beside: n times the time
+                # shared): its waits for the GIL, and the work contention adds.
+                others = width - 1
+                beside = others * wall if beside is None else beside / count
+                excess = max(wall - self._alone.value, 0.0)
+                if beside > 0.1 * wall and beside > others * excess:
+                    self._serial.add(excess / (beside - others * excess), count)
+                    self._serial_until = max(self._serial_until, self.elements + CHECK)
 
-    def restart(self) -> None:
-        """A new iteration starts at the current level: its workers start together, so
-        its elements come in whole bursts from the first one on. A partial burst kept in
-        the pending window from the iteration before is dropped: joined to the new bursts
-        it would pair a short interval with none of the long ones (a window measured ~1.5x
-        too fast at 2 workers when it spanned epochs)."""
-        whole = len(self.pending) - len(self.pending) % max(self.level, 1)
-        del self.pending[whole:]
+    def consumed(self, own: float | None, wait: float, cpu: float, fill: bool = False) -> int:
+        """The consumer took an element: `own` seconds of its own work before asking
+        (None: unknown), then `wait` seconds asking, `cpu` of them on its CPU; `fill`: one
+        of the first elements of workers just started, which waited for their start and
+        for a whole element. Returns the width for the next elements."""
+        with self._lock:
+            self.elements += 1
+            if self._alone.value is None:  # nothing timed inline yet
+                return self.level
+            if own is not None:
+                (self._own0 if self.level == 0 else self._own).add(own)
+            if self.level and not fill:
+                self._handle.add(cpu)
+                self._interval.add((own or 0.0) + wait)
+            self._timed += 1
+            if self._timed >= self._due:
+                self._decide()
+            return self.level
 
-    def needed(self, fresh: bool) -> int:
-        """How many more elements the window at this level needs at the fewest (whole
-        bursts, `window` intervals; more when they take under `min_seconds`), counting
-        the unmeasured ones first: the warm-up, and one whose interval has no start
-        (`fresh`: the first an executor hands out). An executor that computes ahead need
-        not start more (`Autotuned` caps worker processes to this while measuring)."""
-        burst = max(self.level, 1)
-        have = len(self.pending)
-        intervals = -(-max(self.window, have + 1) // burst) * burst - have
-        unmeasured = max(self.warmup - self.since_switch, 1 if fresh else 0, 0)
-        return intervals + unmeasured
+    def skipped(self, count: int) -> None:
+        """`count` elements were handed out untimed (inline, between two timed ones)."""
+        with self._lock:
+            self.elements += count
 
-    def carry_over(self, count: int) -> None:
-        """The next `count` elements were started at the level just left (an executor that
-        finishes its work in flight): they are not measured, as the warm-up is not."""
-        self.since_switch -= count
-
-    def observe(self, intervals: Sequence[float]) -> None:
-        """Records a window measured at `self.level` and moves to the next level to try."""
-        if self.settled:
-            return
-        before = self.level
-        self.samples.setdefault(self.level, []).append(per_element(intervals, self.level))
-        if self._climbing:
-            self._climb()
-        elif self._confirm:
-            self.level = self._confirm.pop(0)
-        else:
-            self._decide()
-        self.pending = []
-        if self.level != before:
-            self.since_switch = 0
-        if self.settled:
-            _log.debug("%s", self.describe())
-
-    def describe(self) -> str:
-        """What was measured (elements/s per level, window by window) and chosen."""
-
-        def name(level: int) -> str:
-            if level == 0:
-                return "the calling thread"
-            plural = "es" if self.kind.endswith("s") else "s"
-            return f"{level} {self.kind}{plural if level > 1 else ''}"
-
-        measured = "; ".join(
-            f"{name(level)}: " + ", ".join(f"{1 / t:.4g}" for t in times)
-            for level, times in sorted(self.samples.items())
-        )
-        if not self.settled:
-            return (
-                f"AUTOTUNE measuring (now at {name(self.level)}, {self.elements} elements so "
-                f"far); elements/s: {measured}"
-            )
-        return (
-            f"AUTOTUNE chose {name(self.choice)} after {self.elements} elements; elements/s "
-            f"measured: {measured or '-'}"
-        )
-
-    def _time(self, level: int) -> float:
-        return statistics.fmean(self.samples[level])
-
-    def _climb(self) -> None:
-        level = self.level
-        below = max((lv for lv in self.samples if lv < level), default=0)
-        # Levels 0, 1 and 2 are always tried: one worker only overlaps the consumer's own
-        # work, so work that gains from two workers (I/O waits) may not gain from one.
-        better_than_below = level < 2 or self._time(level) < self._time(below) * (1 + self.margin)
-        if better_than_below and level < self.max_level:
-            # Then doubling (4, 8, ..., and the top): 16 cores take 6 levels, not 17.
-            self.level = level + 1 if level < 2 else min(2 * level, self.max_level)
-            return
-        self._climbing = False
-        others = sorted((lv for lv in self.samples if lv > 0), key=self._time)
-        self._candidates = others[:2]  # confirmed even when they looked worse than level 0
-        self._next_round()
-
-    def _next_round(self) -> None:
-        """Measures level 0 and the candidates `confirmations` more times each, in turn."""
-        self._rounds_done += 1
-        self._confirm = self._candidates + [0, *self._candidates] * (self.confirmations - 1)
-        self.level = 0
+    def _predict(self, width: int, serial: float | None) -> float:
+        """Seconds between two elements the consumer takes, with `width` workers: from
+        their measured walls at the current width (or the consumer's intervals, if
+        longer; a burst's by the serial share it measured) and at widths measured lately,
+        else from the model (`serial` None: not known, taken as 0)."""
+        alone = self._alone.value
+        if width == 0:
+            return alone + (self._own0.value or 0.0)
+        own = self._own.value if self._own.value is not None else self._own0.value or 0.0
+        floor = own + (self._handle.value or 0.0)  # the consumer's own part
+        measured = width == self.level and self._wall.value is not None
+        if measured and not (self.trial and serial is not None):
+            return max(floor, self._wall.value / width, self._interval.value or 0.0)
+        interval, until = self._seen.get(width, (0.0, 0))
+        if self.elements < until:
+            return interval
+        return max(floor, alone * (1 + (serial or 0.0) * (width - 1)) / width)
 
     def _decide(self) -> None:
-        score = {lv: statistics.median_high(self.samples[lv]) for lv in (0, *self._candidates)}
-        best = min(self._candidates, key=score.__getitem__)
-        gain = score[0] / score[best]
-        if UNSURE[0] < gain < UNSURE[1] and self._rounds_done < self.rounds:
-            self._next_round()
-            return
-        wins = score[best] < score[0] * (1 - self.margin)
-        self.choice = self.level = best if wins else 0
+        level = self.level
+        known = self._serial.value is not None and self.elements < self._serial_until
+        serial = self._serial.value if known else None
+        predicted = [self._predict(m, serial) for m in range(self.max_level + 1)]
+        best = min(predicted)
+        pick = next(m for m, t in enumerate(predicted) if t <= best * (1 + MARGIN))
+        if level and pick != level and self._wall.value is not None:
+            # What was measured here is trusted while measuring it again (a burst of 2, or
+            # CHECK elements) would cost more than BUDGET of the elements since.
+            burst = 2 if level >= 2 and self.kind == "thread" else CHECK
+            lost = burst * max(predicted[level] / predicted[pick] - 1, 0.0)
+            until = self.elements + max(2 * CHECK, int(lost / BUDGET))
+            self._seen[level] = (predicted[level], until)
+            if level >= 2 and self.kind == "thread":
+                self._serial_until = until
+        fresh = self.elements < self._seen.get(pick, (0.0, 0))[1]
+        # (Elements too short to overlap leave it unknown: then the width runs on, measured.)
+        self.trial = pick >= 2 and not known and not fresh and not self.trial
+        if self.trial:  # one burst of 2 measures the serial share
+            pick, self._serial = 2, _Mean()
+        self._due = self._timed + (pick if self.trial else CHECK)
+        if pick != level:
+            self.level, self._wall, self._cpu = pick, _Mean(), _Mean()
+            self._interval = _Mean(_BURSTS)
+        if not self.trial and pick != self.choice:
+            self.choice, self.changed_at = pick, self.elements
+            _log.debug("%s", self._describe())
+
+    def describe(self) -> str:
+        """What was measured (per element) and chosen, after how many elements."""
+        with self._lock:
+            return self._describe()
+
+    def _name(self, width: int) -> str:
+        if width == 0:
+            return "the calling thread"
+        return f"{width} {self.kind}{('es' if self.kind == 'process' else 's') * (width > 1)}"
+
+    def _describe(self) -> str:
+        elements = self.elements if self.choice is None else self.changed_at
+        elements = f"{elements} element{'s' * (elements != 1)}"
+        if self.choice is None:
+            head = f"AUTOTUNE measuring (now at {self._name(self.level)}, {elements} so far)"
+        else:
+            head = f"AUTOTUNE chose {self._name(self.choice)} after {elements}"
+        if self._alone.value is None:
+            return head
+
+        def ms(seconds: float) -> str:
+            return f"{seconds * 1e3:.3g} ms"
+
+        text = f"{head}; an element alone: {ms(self.alone)} ({ms(self._cpu0.value)} of CPU)"
+        if self.level and self._wall.value is not None:
+            text += (
+                f", with {self._name(self.level)}: {ms(self._wall.value)} "
+                f"({ms(self._cpu.value)} of CPU)"
+            )
+        serial = self._serial.value
+        share = "not measured" if serial is None else f"{serial:.2f}"
+        times = ", ".join(
+            f"{self._name(m)} {ms(self._predict(m, serial))}" for m in range(self.max_level + 1)
+        )
+        own = self._own0.value if self._own0.value is not None else self._own.value or 0.0
+        return (
+            f"{text}; serial share {share}; the consumer's own time {ms(own)}; "
+            f"between elements: {times}"
+        )
 
 
 class Autotuned:
-    """An executor that measures its consumer's per-element time and follows a `Tuner`.
+    """An executor that computes elements at the width its `Tuner` asks for, timing them.
 
-    `factory(level, step)` opens the executor for a level at a step. Switching levels
-    closes the current one (threads: work computed ahead is dropped; elements are pure
-    functions of their step, so nothing is lost but time), except that worker processes,
-    which take far longer to start than an element of a batched pipeline takes, are kept
-    when there is a `park(pool, keep)` (`Dataset._park`): they finish the elements in
-    flight, which are handed out next (unmeasured), and wait idle in the park, from which
-    `factory` takes them back when the tuner returns to their level (it alternates the
-    calling thread and the two best levels while confirming). Once settled, the other kept
-    pools stop.
+    `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop)`
+    opens `width` workers for elements start..stop-1: `next()` returns them in order,
+    `cost` is the last one's (wall, cpu[, beside]) where computed, `drain()` takes those in
+    flight, which a width change hands out next, in order (elements are pure functions of
+    their step: the elements and the iterator's state are those of computing them one by
+    one). A burst starts exactly its 2 elements: a GIL-bound map pays for those only.
     """
 
     def __init__(
         self,
         tuner: Tuner,
-        factory: Callable[[int, int], Any],
+        fetch: Callable[[int], Any],
+        open: Callable[[int, int, int], Any],
         start: int,
+        stop: int,
         clock: Callable[[], float] = time.perf_counter,
-        park: Callable[..., None] | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
-        self._tuner = tuner
-        self._factory = factory
-        self._step = start
-        self._clock = clock
-        self._park = park
+        self._tuner, self._fetch, self._open = tuner, fetch, open
+        self._step, self._stop = start, stop
+        self._clock, self._cpu = clock, cpu_clock
+        self._width = tuner.level
         self._executor: Any = None
-        self._ready: collections.deque = collections.deque()  # drained from the last level
-        self._last: float | None = None  # no interval before an iterator's first element
-        self._capped = False  # whether the executor's starts are limited (`limit`)
-        tuner.restart()
-
-    @property
-    def workers(self) -> int:
-        return self._tuner.level
+        self._until = 0  # the executor starts no element at or past it
+        self._ready: collections.deque = collections.deque()  # drained at a width change
+        self._returned: float | None = None  # when the consumer took the last timed element
+        self._skip = 0  # inline elements to compute untimed before the next timed one
+        self._untimed = 0  # of them, handed out and not told to the tuner yet
 
     @property
     def pids(self) -> list[int]:
-        """The current level's worker processes (none for threads or inline)."""
+        """The current worker processes (none for threads or inline)."""
         return list(getattr(self._executor, "pids", []))
 
     def next(self) -> Any:
+        if self._skip:  # inline, between two timed elements: the map alone
+            element = self._fetch(self._step)
+            self._step += 1
+            self._skip -= 1
+            self._untimed += 1
+            if not self._skip:
+                self._flush()
+                self._returned = self._clock()
+            return element
         if self._ready:
             self._step += 1
-            self._tuner.elements += not self._tuner.settled  # carried over, unmeasured
+            self._tuner.skipped(1)  # computed at the width left: not this width's time
             return self._ready.popleft()
-        if self._executor is None:
-            self._executor = self._factory(self._tuner.level, self._step)
-        if not self._tuner.settled and hasattr(self._executor, "limit"):
-            # Worker processes start no more than the window needs, and the other workers'
-            # next elements (so all stay busy to its end): few are in flight at a switch.
-            burst = max(self._tuner.level, 1)
-            self._executor.limit(self._step + self._tuner.needed(self._last is None) + burst - 1)
-            self._capped = True
-        element = self._executor.next()
+        began, cpu = self._clock(), self._cpu()
+        own = None if self._returned is None else began - self._returned
+        fill = self._width and (self._executor is None or self._step >= self._until)
+        if self._width == 0:
+            element = self._fetch(self._step)
+            ended, used = self._clock(), self._cpu() - cpu
+            self._tuner.computed(0, ended - began, used)
+        else:
+            if fill:  # the first element waits for the workers' start
+                self._reopen()
+            element = self._executor.next()
+            ended, used = self._clock(), self._cpu() - cpu
+            self._tuner.computed(self._width, *self._executor.cost)
         self._step += 1
-        if not self._tuner.settled:
-            self._measure()
-        if self._capped and self._tuner.settled and self._executor is not None:
-            self._executor.limit(None)  # the chosen level computes ahead freely
-            self._capped = False
-        if self._tuner.settled and self._park is not None and self._executor is not None:
-            # Once the chosen level runs (its kept workers taken back), stop the others.
-            self._park(None, keep=0)
-            self._park = None
+        width = self._tuner.consumed(own, ended - began, used, bool(fill))
+        self._returned = ended
+        if width != self._width:
+            self._switch(width)
+            self._returned = None  # the switch's own time is not the consumer's
+        self._skip = self._tuner.stride - 1 if width == 0 else 0
         return element
 
-    def _measure(self) -> None:
-        now = self._clock()
-        changed, self._last = self._tuner.tick(self._last, now), now
-        if changed:
-            self._leave()  # the next call opens the new level where this one stopped
-            self._last = None
+    def _flush(self) -> None:
+        if self._untimed:
+            self._tuner.skipped(self._untimed)
+            self._untimed = 0
 
-    def _leave(self) -> None:
-        """Leaves the current level: threads stop; worker processes hand over the elements
-        in flight and are parked with the pool parked before them (2: the climb's last two
-        levels, or the two best ones while confirming), or stop when the tuner has just
-        chosen another level."""
+    def _reopen(self) -> None:
+        if self._executor is not None:  # a burst's workers, done
+            self._executor.close()
+        burst = self._tuner.trial  # 2 elements side by side, and no more
+        self._until = min(self._stop, self._step + self._width) if burst else self._stop
+        self._executor = self._open(self._width, self._step, self._until)
+
+    def _switch(self, width: int) -> None:
         executor, self._executor = self._executor, None
-        if self._park is None or not hasattr(executor, "drain"):
+        if executor is not None:
+            self._ready.extend(executor.drain())
             executor.close()
-            return
-        self._ready.extend(executor.drain())
-        if self._tuner.settled:  # the choice is another level: this one is not needed again
-            executor.close()
-            return
-        executor.release(functools.partial(self._park, keep=2))
+        self._width = width
 
     def close(self) -> None:
+        self._flush()
         self._ready.clear()
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.close()
 
     def release(self, park: Callable[[Any], None]) -> None:
-        """At an iteration's end: the current level's executor may be kept (`park`; while
-        measuring, with the level kept before it)."""
+        """At an iteration's end: worker processes may be kept for the next (`park`)."""
+        self._flush()
         executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        if not self._tuner.settled and self._park is not None:
-            park = functools.partial(self._park, keep=2)
-        executor.release(park)
+        if executor is not None:
+            executor.release(park)

@@ -44,10 +44,11 @@ class DatasetMap:
         `batch` runs `fn` once per batch on whole arrays, which is much faster than per row.
         Elements always come back in order (`deterministic` is accepted for tf.data's sake).
 
-        `num_parallel_calls=AUTOTUNE` measures, over the first elements, the time per
-        element as the consumer sees it with the calling thread alone and with 1, 2, ...
-        workers, and keeps the fastest; a parallel level must beat the calling thread by
-        5 %, so AUTOTUNE is not slower than no parallelism beyond noise (see `autotune`).
+        `num_parallel_calls=AUTOTUNE` times each element where it is computed (wall and
+        thread CPU time, so the share that holds the GIL shows) and the consumer's waits,
+        and runs the fewest workers (0: the calling thread) that a model of these predicts
+        within 10 % of the fastest, capped by the cores; it re-evaluates all the run
+        through (see `autotune`).
 
         Args:
           fn: a pure function of one element; it returns arrays, numbers, strings or bytes
@@ -193,13 +194,14 @@ class DatasetMap:
 
     @property
     def autotune_report(self) -> str | None:
-        """What AUTOTUNE measured (elements/s per level) and chose; None before it ran.
+        """What AUTOTUNE chose, after how many elements, and what it measured; None before
+        it ran.
 
         Example:
           >>> ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE).batch(64)
           >>> for batch in ds: ...
           >>> ds.autotune_report
-          'AUTOTUNE chose 2 threads; elements/s measured: the calling thread: 21.5, ...'
+          'AUTOTUNE chose 2 threads after 3 elements; an element alone: 35.7 ms ...'
         """
         tuner = getattr(self, "_tuner", None)
         if tuner is None:  # a map after a streaming op keeps its decision on its node
@@ -213,18 +215,15 @@ class DatasetMap:
 
     # -- worker processes kept between epochs -------------------------------------------------
 
-    def _park(self, pool: Any, keep: int = 1) -> None:
+    def _park(self, pool: Any) -> None:
         """Keeps idle worker processes for this dataset's next epoch (as PyTorch's
-        persistent_workers), or for AUTOTUNE to come back to a level it measured (it keeps
-        2, the levels it compares); the `keep` pools parked last stay, older ones stop
-        (`pool` None: only stops them). They stop when the dataset is garbage-collected or
-        at exit."""
+        persistent_workers); a pool parked before stops. They stop when the dataset is
+        garbage-collected or at exit."""
         if self._parked is None:
             self._parked = []
             weakref.finalize(self, _close_all, self._parked)
-        if pool is not None:
-            self._parked.append(pool)
-        while len(self._parked) > keep:
+        self._parked.append(pool)
+        while len(self._parked) > 1:
             self._parked.pop(0).close()
 
     def _unpark(self, node: plan.Node, workers: int) -> Any:

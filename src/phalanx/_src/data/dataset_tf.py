@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,8 @@ import numpy as np
 
 from phalanx._src.data import autotune, plan, stream
 from phalanx._src.data.options import Options, spec_of
+
+_tuner_lock = threading.Lock()
 
 
 class DatasetTF:
@@ -130,8 +133,10 @@ class DatasetTF:
         dataset._node = plan.with_max_open(dataset._node, limit)
         return dataset
 
-    def _tuner_for(self, top: int) -> autotune.Tuner:
+    def _tuner_for(self, top: int, kind: str) -> autotune.Tuner:
         """This pipeline's AUTOTUNE decision, kept across its iterators (epochs)."""
-        if self._tuner is None or self._tuner.max_level != top:
-            self._tuner = autotune.Tuner(max_level=top)
-        return self._tuner
+        with _tuner_lock:  # two iterators may start at once, in two threads
+            tuner = self._tuner
+            if tuner is None or (tuner.max_level, tuner.kind) != (top, kind):
+                tuner = self._tuner = autotune.Tuner(max_level=top, kind=kind)
+            return tuner

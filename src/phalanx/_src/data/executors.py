@@ -25,12 +25,14 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
+import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from phalanx._src.data import stream, validation
+from phalanx._src.data import autotune, stream, validation
 from phalanx._src.data.element_ops import map_words
 from phalanx._src.data.stream import Stream
 from phalanx._src.image import randomness
@@ -75,30 +77,61 @@ class Threads:
 
     Threads help where the work releases the GIL (NumPy on large arrays, I/O, decoding);
     Python-bound work is better served by processes (`workers.Processes`) or inline.
+    Each element is timed where it is computed: `cost` is the last one's (wall, CPU, and
+    beside: the seconds other workers computed during it), for AUTOTUNE.
     """
 
     def __init__(self, fetch: Fetch, start: int, stop: int, workers: int, ahead: int) -> None:
         self.workers = workers
+        self.cost: tuple[float, ...] = (0.0, 0.0, 0.0)
         self._fetch = fetch
-        self._next = start
+        self._next = self._out = start
         self._stop = stop
         self._ahead = max(ahead, workers, 1)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             workers, thread_name_prefix=f"phalanx-map-{next(_ids)}"
         )
         self._futures: collections.deque = collections.deque()
+        self._spans: dict[int, list[float]] = {}  # step: [start, end] of elements started
+        self._history: collections.deque = collections.deque(maxlen=2 * workers)
+
+    def _timed(self, step: int) -> tuple[Any, float, float]:
+        cpu = time.thread_time()
+        span = self._spans[step] = [time.perf_counter(), math.inf]
+        element = self._fetch(step)
+        span[1] = time.perf_counter()
+        return element, span[1] - span[0], time.thread_time() - cpu
 
     def _fill(self) -> None:
         while len(self._futures) < self._ahead and self._next < self._stop:
-            self._futures.append(self._pool.submit(self._fetch, self._next))
+            self._futures.append(self._pool.submit(self._timed, self._next))
             self._next += 1
 
     def next(self) -> Any:
         self._fill()
         future = self._futures.popleft()
-        element = future.result()  # a worker's exception is raised here, in order
+        element, wall, cpu = future.result()  # a worker's exception is raised here, in order
+        span = self._spans.pop(self._out)
+        self._out += 1
+        others = [*self._history, *list(self._spans.values())]
+        beside = sum(max(0.0, min(span[1], end) - max(span[0], start)) for start, end in others)
+        self._history.append(span)
+        self.cost = (wall, cpu, beside)
         self._fill()
         return element
+
+    def drain(self) -> list[Any]:
+        """Starts nothing more and takes the elements started, in order, up to the first
+        that failed (whoever computes it next raises its error)."""
+        for future in self._futures:
+            future.cancel()
+        elements = []
+        for future in self._futures:
+            if future.cancelled() or future.exception() is not None:
+                break
+            elements.append(future.result()[0])
+        self.close()
+        return elements
 
     def close(self) -> None:
         for future in self._futures:
@@ -122,7 +155,7 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
     when its elements are computed inline (no parallel map, no prefetch)."""
     import functools
 
-    from phalanx._src.data import autotune, element_ops, plan
+    from phalanx._src.data import element_ops, plan
 
     maps = [n for n in plan.chain(node) if isinstance(n, element_ops.Map) and n.workers]
     prefetch = dataset._prefetch
@@ -130,10 +163,10 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
         return None
     processes = any(m.kind == "process" for m in maps)
     fixed = max((m.workers for m in maps if m.workers > 0), default=0)
-    ahead = max(prefetch, 0)
     fetch = functools.partial(plan.element, node, key)
 
-    def make(workers: int, step: int, ahead: int) -> Any:
+    def make(workers: int, step: int, end: int) -> Any:
+        ahead = max(prefetch, 2 * workers)
         if processes and workers > 0:
             from phalanx._src.data.workers import Processes
 
@@ -141,28 +174,19 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
             if pool is None:
                 # 4 elements in flight per worker hide the hand-over latency of a busy host.
                 pool = Processes(node, workers, max(4, -(-ahead // workers)))
-            return pool.begin(key, step, stop)
-        return open_executor(fetch, step, stop, workers=workers, ahead=ahead)
+            return pool.begin(key, step, end)
+        return open_executor(fetch, step, end, workers=workers, ahead=ahead)
 
     tuned_map = any(m.workers == AUTOTUNE for m in maps)
     if not tuned_map and (fixed or prefetch != AUTOTUNE):
-        return make(fixed, start, ahead)
+        return make(fixed, start, stop)
     options = dataset.options()
     cap = options.threading.private_threadpool_size or cpu_count()
     top = max(fixed, cap) if tuned_map else 1
     if not options.autotune.enabled:
-        return make(top, start, ahead)
-    tuner = dataset._tuner_for(top)
-    if processes:
-        # A process level's element is usually a batch (tens of ms): one burst, one
-        # element per worker, of at least `min_seconds` is a window.
-        tuner.kind, tuner.window = "process", 1
-    return autotune.Autotuned(
-        tuner,
-        lambda level, step: make(level, step, max(ahead, 2 * level)),
-        start,
-        park=dataset._park if processes else None,
-    )
+        return make(top, start, stop)
+    tuner = dataset._tuner_for(top, "process" if processes else "thread")
+    return autotune.Autotuned(tuner, fetch, make, start, stop)
 
 
 # -- a streaming map computed by threads ------------------------------------------------------
@@ -177,11 +201,11 @@ class ParallelStreamMap(Stream):
     one element to a thread and its result back costs two thread wake-ups and GIL
     hand-overs, ~45 us of CPU per element on a 2-core VM (a constant map: 36 us per record
     inline, 79-84 in threads), so a task holds as many elements as take ~5 ms to map (at
-    most 8, one while AUTOTUNE measures). The state is the parent's state *after the last
+    most 8; one in AUTOTUNE's bursts). The state is the parent's state *after the last
     element handed out* (snapshotted when it was read), so a restored iterator continues
     exactly, whatever was computed ahead. Random ops inside `fn` draw from the element's
-    stream (its position in this iteration), as in random-access maps. AUTOTUNE measures 0
-    (inline), 1, 2, ... threads with a `Tuner` kept on the node, as `Autotuned`.
+    stream (its position in this iteration), as in random-access maps. AUTOTUNE times each
+    task where it runs and follows a `Tuner` kept on the node, as `autotune.Autotuned`.
     """
 
     parent: Any
@@ -194,11 +218,16 @@ class ParallelStreamMap(Stream):
         return self.parent.cardinality
 
     def open(self, key: tuple[int, ...], state: dict | None) -> Any:
+        if self.workers == AUTOTUNE:
+            with _tuner_lock:
+                if self.tuner is None:
+                    self.tuner = autotune.Tuner(max_level=cpu_count())
         return _ParallelMapCursor(self, key, state)
 
 
 _TASK_SECONDS = 0.005  # a thread's task maps about this long (see ParallelStreamMap)
 _MAX_TASK = 8  # elements in one task at most
+_tuner_lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,18 +246,18 @@ def _call(node: ParallelStreamMap, key: tuple[int, ...], element: Any, position:
 
 def _call_task(
     node: ParallelStreamMap, key: tuple[int, ...], elements: list, first: int
-) -> tuple[list, float]:
+) -> tuple[list, float, float]:
     """Maps consecutive elements in a worker thread: their results (a `_Raised` for each
-    that raised) and the seconds it took. A function, not a method: an error's traceback
-    holds these frames, and through `results` they hold the error, so they must not hold
-    the cursor, which that cycle would keep alive with its threads."""
-    began, results = time.perf_counter(), []
+    that raised) and the wall and CPU seconds it took. A function, not a method: an error's
+    traceback holds these frames, and through `results` they hold the error, so they must
+    not hold the cursor, which that cycle would keep alive with its threads."""
+    began, cpu, results = time.perf_counter(), time.thread_time(), []
     for offset, element in enumerate(elements):
         try:
             results.append(_call(node, key, element, first + offset))
         except Exception as error:  # raised in the consumer when it reaches the element
             results.append(_Raised(error))
-    return results, time.perf_counter() - began
+    return results, time.perf_counter() - began, time.thread_time() - cpu
 
 
 class _ParallelMapCursor:
@@ -238,47 +267,26 @@ class _ParallelMapCursor:
         self.position = 0 if state is None else int(state["position"])
         self._read = self.position  # elements read from the parent
         self._parent_state = self.parent.state()
-        self._pending: collections.deque = collections.deque()  # (future, states) per task
-        self._ready: collections.deque = collections.deque()  # (result, state) in order
+        self._pending: collections.deque = collections.deque()  # (future, states, width)
+        self._ready: collections.deque = collections.deque()  # (result, state, width)
         self._task = 1  # elements per task, from the time one takes to map (see _learn)
         self._done = False
         self._pool: Any = None
-        self._last: float | None = None
-        if node.workers == AUTOTUNE and node.tuner is None:
-            from phalanx._src.data import autotune
-
-            node.tuner = autotune.Tuner(max_level=cpu_count())
-        if node.workers == AUTOTUNE:
-            node.tuner.restart()
-        self._width = node.workers if node.workers != AUTOTUNE else node.tuner.level
-
-    def _call(self, element: Any, position: int) -> Any:
-        # The words a random-access map over the same chain uses: the same numbers.
-        with randomness.element_stream(map_words(self.node, self.key, position)):
-            out = stream.call(self.node.fn, element)
-        return validation.to_numpy_tree(out, "map output")
-
-    def _call_task(self, elements: list, first: int) -> tuple[list, float]:
-        """Maps consecutive elements in a worker thread: their results (a `_Raised` for
-        each that raised) and the seconds it took."""
-        began, results = time.perf_counter(), []
-        for offset, element in enumerate(elements):
-            try:
-                results.append(self._call(element, first + offset))
-            except Exception as error:  # raised in the consumer when it reaches the element
-                # Without this frame in its traceback: it holds `results`, which holds the
-                # error, a cycle that would keep this cursor and its threads alive.
-                results.append(_Raised(error.with_traceback(error.__traceback__.tb_next)))
-        return results, time.perf_counter() - began
+        self._tuner = node.tuner if node.workers == AUTOTUNE else None
+        self._width = node.workers if self._tuner is None else self._tuner.level
+        self._budget: int | None = None  # elements an AUTOTUNE burst may still start
+        self._returned: float | None = None  # when the consumer took the last timed element
+        self._skip = 0  # inline elements to map untimed before the next timed one
+        self._untimed = 0  # of them, handed out and not told to the tuner yet
 
     def _fill(self) -> None:
         if self._pool is None and self._pending:
-            # AUTOTUNE left a level: its tasks finish first, or the new pool would compute
-            # ahead while they are handed out, and its first window would run too fast.
+            # AUTOTUNE left a width: its tasks finish first, or the new pool would compute
+            # ahead while they are handed out.
             return
-        while not self._done and len(self._pending) < 2 * self._width:
+        while not self._done and len(self._pending) < 2 * self._width and self._budget != 0:
             elements, states = [], []
-            while len(elements) < self._task:
+            while len(elements) < (1 if self._budget is not None else self._task):
                 try:
                     elements.append(next(self.parent))
                 except StopIteration:
@@ -287,89 +295,122 @@ class _ParallelMapCursor:
                 states.append(self.parent.state())
             if not elements:
                 return
+            if self._budget is not None:
+                self._budget -= 1
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max(self._width, 1), thread_name_prefix=f"phalanx-map-{next(_ids)}"
+                    self._width, thread_name_prefix=f"phalanx-map-{next(_ids)}"
                 )
             future = self._pool.submit(_call_task, self.node, self.key, elements, self._read)
-            self._pending.append((future, states))
+            self._pending.append((future, states, self._width))
             self._read += len(elements)
 
     def _learn(self, mapped: int, seconds: float) -> None:
-        """Sizes the next tasks from how long this one's elements took to map (one element
-        a task while AUTOTUNE measures, so that its windows see single elements)."""
-        tuner = self.node.tuner
-        if self.node.workers == AUTOTUNE and not tuner.settled:
-            self._task = 1
-        elif mapped:
+        """Sizes the next tasks from how long this one's elements took to map."""
+        if mapped:
             self._task = max(1, min(_MAX_TASK, int(_TASK_SECONDS * mapped / max(seconds, 1e-9))))
 
-    def __next__(self) -> Any:
-        if self._width == 0 and not self._pending and not self._ready:
-            if self._pool is not None:  # AUTOTUNE settled inline: no idle threads kept
-                self.close()
-            element = next(self.parent)  # StopIteration ends the iteration
-            self._read += 1
-            self._parent_state = self.parent.state()
-            try:
-                result = _call(self.node, self.key, element, self._read - 1)
-            except Exception:
-                self.position += 1  # the element is passed: the next call maps the one after
-                raise
-        else:
-            if not self._ready:
-                self._fill()
-                if not self._pending:
-                    self.close()
-                    raise StopIteration
-                future, states = self._pending.popleft()
-                try:
-                    results, seconds = future.result()
-                except BaseException:
-                    self.close()  # a traceback may keep this cursor alive: stop its threads now
-                    raise
-                self._learn(len(results), seconds)
-                self._ready.extend(zip(results, states, strict=True))
-                self._fill()
-            result, self._parent_state = self._ready.popleft()
-            if isinstance(result, _Raised):
-                # The element is passed, as a tf.data iterator goes on after an error (and
-                # `ignore_errors` drops it). A traceback may keep this cursor alive: its
-                # threads stop once their queued tasks are done, and the next call starts
-                # new ones.
-                if self._pool is not None:
-                    self._pool.shutdown(wait=False)
-                    self._pool = None
-                self.position += 1
-                error = result.error
-                try:
-                    raise error
-                finally:  # this frame (it holds the cursor) must not hold its error
-                    del error, result
-        self.position += 1
-        self._tune()
+    def _inline(self) -> Any:
+        if self._pool is not None:  # AUTOTUNE chose the calling thread: no idle threads kept
+            self.close()
+        element = next(self.parent)  # StopIteration ends the iteration
+        self._read += 1
+        self._parent_state = self.parent.state()
+        began, cpu = time.perf_counter(), time.thread_time()
+        try:
+            result = _call(self.node, self.key, element, self._read - 1)
+        except Exception:
+            self.position += 1  # the element is passed: the next call maps the one after
+            raise
+        if self._tuner is not None and not self._skip:
+            self._tuner.computed(0, time.perf_counter() - began, time.thread_time() - cpu)
         return result
 
-    def _tune(self) -> None:
-        tuner = self.node.tuner
-        if self.node.workers != AUTOTUNE or (tuner.settled and tuner.level == self._width):
-            return
-        now = time.perf_counter()
-        tuner.tick(self._last, now)
-        self._last = now
-        if tuner.level != self._width:
-            # In-flight elements finish at the old width, unmeasured; new ones start on a
-            # pool of the new width (the old pool would run as many at once as before).
+    def _threaded(self) -> tuple[Any, int]:
+        if not self._ready:
+            self._fill()
+            if not self._pending:
+                self.close()
+                raise StopIteration
+            future, states, width = self._pending.popleft()
+            try:
+                results, wall, cpu = future.result()
+            except BaseException:
+                self.close()  # a traceback may keep this cursor alive: stop its threads now
+                raise
+            self._learn(len(results), wall)
+            if self._tuner is not None and results:
+                self._tuner.computed(width, wall, cpu, count=len(results))
+            self._ready.extend((r, s, width) for r, s in zip(results, states, strict=True))
+            self._fill()
+        result, self._parent_state, width = self._ready.popleft()
+        if isinstance(result, _Raised):
+            # The element is passed, as a tf.data iterator goes on after an error (and
+            # `ignore_errors` drops it). A traceback may keep this cursor alive: its
+            # threads stop once their queued tasks are done, and the next call starts
+            # new ones.
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-            tuner.carry_over(len(self._ready) + sum(len(states) for _, states in self._pending))
-            self._width, self._last = tuner.level, None
+            self.position += 1
+            error = result.error
+            try:
+                raise error
+            finally:  # this frame (it holds the cursor) must not hold its error
+                del error, result
+        return result, width
+
+    def __next__(self) -> Any:
+        tuner = self._tuner
+        if self._skip:  # AUTOTUNE inline, between two timed elements: the map alone
+            result = self._inline()
+            self._skip -= 1
+            self.position += 1
+            self._untimed += 1
+            if not self._skip:
+                tuner.skipped(self._untimed)
+                self._untimed = 0
+                self._returned = time.perf_counter()
+            return result
+        began, cpu = time.perf_counter(), time.thread_time()
+        width = self._width
+        if width == 0 and not self._pending and not self._ready:
+            result = self._inline()
+        else:
+            result, width = self._threaded()
+        self.position += 1
+        if tuner is not None:
+            self._tune(began, cpu, width)
+        return result
+
+    def _tune(self, began: float, cpu: float, width: int) -> None:
+        tuner, ended = self._tuner, time.perf_counter()
+        if width != self._width:  # mapped at the width left: not this width's time
+            tuner.skipped(1)
+            return
+        own = None if self._returned is None else began - self._returned
+        self._returned = ended
+        level = tuner.consumed(own, ended - began, time.thread_time() - cpu)
+        if not tuner.trial:
+            self._budget = None
+        if level != self._width:
+            # In-flight tasks finish at the old width; new ones start on a pool of the new
+            # width (the old pool would run as many at once as before), a burst's exactly.
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+            self._width = level
+            self._budget = level if tuner.trial else None
+        if level == 0 and not self._pending and not self._ready:
+            self._skip = tuner.stride - 1
 
     def state(self) -> dict:
         return {"parent": self._parent_state, "position": self.position}
 
     def close(self) -> None:
+        if self._untimed:
+            self._tuner.skipped(self._untimed)
+            self._untimed = 0
         self._ready.clear()
         pool, self._pool = self._pool, None
         if pool is not None:

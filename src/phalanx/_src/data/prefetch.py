@@ -58,6 +58,33 @@ def _checked(put_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return put
 
 
+class _Maker:
+    """Makes the next host batch (`put` on it in the thread, if asked), timed for AUTOTUNE;
+    called by the thread (width 1) and by the consumer on its own turn (width 0). It holds
+    nothing of its prefetcher, so the thread does not keep a dropped prefetcher alive."""
+
+    def __init__(
+        self,
+        source: Any,
+        put: Callable[[Any], Any],
+        put_in_thread: bool,
+        tuner: Tuner | None,
+        clock: Callable[[], float],
+        cpu: Callable[[], float],
+    ):
+        self.source, self.put, self.put_in_thread = source, put, put_in_thread
+        self.tuner, self.clock, self.cpu = tuner, clock, cpu
+
+    def __call__(self, width: int) -> Any:
+        began, cpu = self.clock(), self.cpu()
+        batch = next(self.source)
+        if width and self.put_in_thread:
+            batch = self.put(batch)
+        if self.tuner is not None:
+            self.tuner.computed(width, self.clock() - began, self.cpu() - cpu)
+        return batch
+
+
 class _Producer:
     """The thread's side of a `DevicePrefetcher`: reads the source into a bounded queue
     until the end, an error, or `halt()`.
@@ -67,8 +94,8 @@ class _Producer:
     interpreter's exit with device arrays in its frames: see `shutdown`).
     """
 
-    def __init__(self, source: Any, put: Callable[[Any], Any] | None, depth: int, saves: bool):
-        self.source, self.put, self.saves = source, put, saves
+    def __init__(self, make: _Maker, depth: int, saves: bool):
+        self.make, self.saves = make, saves
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
         self.leftover: Any = None  # what it made after it was told to stop
@@ -88,10 +115,12 @@ class _Producer:
 
     def _run(self) -> None:
         try:
-            for batch in self.source:
-                state = self.source.get_state() if self.saves else None
-                if self.put is not None:
-                    batch = self.put(batch)
+            while True:
+                try:
+                    batch = self.make(1)
+                except StopIteration:
+                    break
+                state = self.make.source.get_state() if self.saves else None
                 if not self._offer((batch, state)):
                     self.leftover = (batch, state)  # kept for the consumer's own turn
                     return
@@ -127,13 +156,13 @@ class DevicePrefetcher:
       put_in_thread: call `put_fn` in the producer thread too, so the consumer only takes
         ready device batches (JAX transfers are thread-safe). Worth it when the consumer's
         time is precious, e.g. when dispatching a step is what keeps the devices busy.
-      autotune: measure, as `prefetch(AUTOTUNE)` does (`autotune.Tuner`), whether the
-        consumer gets its batches faster from the thread or by making each one itself when
-        it asks (a Python-bound source competes with the consumer for the GIL), and keep
-        the faster. Batches already made by the thread are handed out first on a switch.
-        Pass a `Tuner(max_level=1)` instead of True to keep the measurements and the choice
-        from one prefetcher (epoch) to the next.
-      clock: seconds as a float, for `autotune`; tests inject their own.
+      autotune: choose, as `prefetch(AUTOTUNE)` does (`autotune.Tuner`), between the
+        thread and the consumer making each batch itself when it asks: the thread pays
+        where the consumer's own work (a step) overlaps the batches' making, not where
+        both hold the GIL. Batches already made by the thread are handed out first on a
+        switch. Pass a `Tuner(max_level=1)` instead of True to keep the measurements and
+        the choice from one prefetcher (epoch) to the next.
+      clock, cpu_clock: wall and thread CPU seconds, for `autotune`; tests inject theirs.
 
     Example:
       >>> with DevicePrefetcher(ds, put_fn=strategy_put, host_depth=2, device_depth=2) as batches:
@@ -151,6 +180,7 @@ class DevicePrefetcher:
         put_in_thread: bool = False,
         autotune: bool | Tuner = False,
         clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ):
         self._host_depth = validation.check_positive(host_depth, "host_depth", "host_depth=2")
         self._device_depth = validation.check_positive(
@@ -172,8 +202,9 @@ class DevicePrefetcher:
             self._tuner: Tuner | None = autotune  # kept by the caller across epochs
         else:
             self._tuner = Tuner(max_level=1) if autotune else None
-        self._clock = clock
-        self._last: float | None = None
+        self._clock, self._cpu = clock, cpu_clock
+        self._returned: float | None = None  # when the consumer took the last batch
+        self._make = _Maker(self._source, self._put, put_in_thread, self._tuner, clock, cpu_clock)
 
     @property
     def checkpointable(self) -> bool:
@@ -233,8 +264,7 @@ class DevicePrefetcher:
         While AUTOTUNE has the consumer make its own batches, there is no thread to start.
         """
         if self._producer is None and not self._closed and self.threaded:
-            put = self._put if self._put_in_thread else None
-            self._producer = _Producer(self._source, put, self._host_depth, self._checkpointable)
+            self._producer = _Producer(self._make, self._host_depth, self._checkpointable)
             self._finalizer = weakref.finalize(self, self._producer.halt)
             shutdown.track(self)
         return self
@@ -249,9 +279,22 @@ class DevicePrefetcher:
         if self._closed:
             raise StopIteration
         self._taken = True
-        batch = self._next_threaded() if self.threaded else self._next_inline()
-        if self._tuner is not None and not self._tuner.settled:
-            self._measure()
+        if self._tuner is None:
+            return self._next_threaded()
+        began, cpu = self._clock(), self._cpu()
+        threaded = self.threaded
+        made_before = not threaded and bool(self._device)  # by the thread, before a switch
+        batch = self._next_threaded() if threaded else self._next_inline()
+        ended = self._clock()
+        if made_before:
+            self._tuner.skipped(1)
+        else:
+            own = None if self._returned is None else began - self._returned
+            level = self._tuner.consumed(own, ended - began, self._cpu() - cpu)
+            if threaded and level == 0:
+                self._stop_thread()
+                ended = None  # the switch's own time is not the consumer's
+        self._returned = ended
         return batch
 
     def _next_threaded(self) -> Any:
@@ -281,20 +324,12 @@ class DevicePrefetcher:
                 raise pending.error
             raise StopIteration
         try:
-            batch = next(self._source)
+            batch = self._make(0)
         except BaseException:
             self.close()
             raise
         self._state = self._source.get_state() if self._checkpointable else None
         return self._put(batch)
-
-    def _measure(self) -> None:
-        now = self._clock()
-        changed, self._last = self._tuner.tick(self._last, now), now
-        if changed:
-            self._last = None
-            if self._tuner.level == 0:
-                self._stop_thread()
 
     def _stop_thread(self) -> None:
         """Stops the thread and keeps, in order, every batch it made for the consumer."""

@@ -31,6 +31,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import time
 import traceback
 from multiprocessing import shared_memory
 from typing import Any
@@ -157,9 +158,11 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
             try:
                 if pending is None or pending[0] != (key, step):
                     # As made: no np.ascontiguousarray, which makes a scalar 1-d.
+                    began, cpu = time.perf_counter(), time.thread_time()  # for AUTOTUNE
                     leaves, treedef = jax.tree.flatten(plan.element(root, key, step))
-                    pending = ((key, step), leaves, treedef)
-                _, leaves, treedef = pending
+                    cost = (time.perf_counter() - began, time.thread_time() - cpu)
+                    pending = ((key, step), leaves, treedef, cost)
+                _, leaves, treedef, cost = pending
                 offsets, need = _layout(leaves)
                 if need > size:
                     conn.send(("grow", step, need))
@@ -176,7 +179,7 @@ def _serve(conn: Any, parent: int, payload: bytes) -> None:
                     target[...] = leaf
                     del target  # release the export of shm.buf
                 pending = None
-                conn.send(("ok", step, _skeleton(treedef, leaves, offsets)))
+                conn.send(("ok", step, _skeleton(treedef, leaves, offsets), *cost))
             except Exception as error:  # sent to the parent, raised there in order
                 pending = None
                 try:
@@ -216,7 +219,8 @@ class Processes:
         self.workers = workers
         self._key: tuple[int, ...] = ()
         self._start = self._stop = self._next_submit = self._next_out = 0
-        self._cap: int | None = None  # no element started at or past it (`limit`)
+        self.cost = (0.0, 0.0)  # the last element's (wall, CPU) seconds in its worker
+        self._costs: dict[int, tuple[float, float]] = {}
         self._depth = depth
         self._closed = False
         ctx = _get_context()
@@ -250,14 +254,7 @@ class Processes:
             raise RuntimeError("begin() while elements are still in flight")
         self._key, self._start, self._stop = key, start, stop
         self._next_submit = self._next_out = start
-        self._cap = None
         return self
-
-    def limit(self, stop: int | None) -> None:
-        """Starts no element at or past `stop` (None: up to the iteration's end), so that
-        AUTOTUNE, measuring, leaves a level with few elements in flight. The next element
-        is always allowed."""
-        self._cap = None if stop is None else max(stop, self._next_out + 1)
 
     @property
     def idle(self) -> bool:
@@ -287,6 +284,7 @@ class Processes:
                 self.close()
                 break
             element = self._done.pop(self._next_out)
+            self._costs.pop(self._next_out, None)
             if isinstance(element, _Failure):
                 self.close()
                 break
@@ -322,8 +320,7 @@ class Processes:
 
     def _submit(self) -> None:
         n = len(self._procs)
-        stop = self._stop if self._cap is None else min(self._stop, self._cap)
-        while self._next_submit < stop:
+        while self._next_submit < self._stop:
             w = (self._next_submit - self._start) % n
             if not self._free[w]:
                 return  # round robin keeps every worker's queue in step order
@@ -380,6 +377,7 @@ class Processes:
             return
         if kind == "ok":
             self._done[step] = self._copy_out(w, slot, message[2])
+            self._costs[step] = message[3:5]
         else:
             self._done[step] = _Failure(*message[2:])
         del self._where[step]
@@ -394,6 +392,7 @@ class Processes:
             self._receive()
             self._submit()
         element = self._done.pop(step)
+        self.cost = self._costs.pop(step, (0.0, 0.0))
         self._next_out += 1
         if isinstance(element, _Failure):
             self.close()
@@ -426,6 +425,7 @@ class Processes:
                     shm.unlink()
         self._slots = []
         self._done.clear()
+        self._costs.clear()
 
 
 @dataclasses.dataclass
