@@ -152,9 +152,10 @@ def test_ledger_counts_every_device_copy_and_one_read():
 
 
 @pytest.mark.multidevice
-def test_the_scan_takes_resident_blocks_with_no_slice_of_the_data(monkeypatch):
-    # At K=50 on data read in order, each call's input is its (K, batch, ...) block, which
-    # the scan takes as its xs: the program holds no copy of the whole data to slice from.
+def test_the_scan_reads_the_resident_data_where_it_lies(monkeypatch):
+    # At K=50 on data read in order, each call takes the whole data as it was placed (every
+    # batch in one array, split over the replicas) and a cursor: step j reads its batch
+    # with a dynamic slice of it, and nothing copies, joins or cuts the data per call.
     from phalanx._src.train.engine import flop_rate
 
     seen = {}
@@ -169,18 +170,21 @@ def test_the_scan_takes_resident_blocks_with_no_slice_of_the_data(monkeypatch):
     n = max(d for d in range(1, jax.device_count() + 1) if BATCH % d == 0)
     _fit(n, 50, shuffle=False, steps_per_epoch=50, epochs=1)
     _, _, source, batch, mask, cursor = seen["args"]
-    assert source is None and mask is None and cursor is None  # no gather, no mask
-    assert [a.shape for a in jax.tree.leaves(batch)] == [(50, BATCH, FEATURES), (50, BATCH)]
+    assert source is None and mask is None  # no gather; 50 whole batches: no mask
+    assert cursor.shape == () and cursor.dtype == np.int32
+    blocks = ROWS // BATCH + 1  # the whole batches and the padded last one
+    assert [a.shape for a in jax.tree.leaves(batch)] == [(blocks, BATCH, FEATURES), (blocks, BATCH)]
     text = seen["call"].lower(*seen["args"]).compile().as_text()
-    entry = text[text.index("ENTRY") :]
-    entry = entry[: entry.index("\n}")]
-    params = re.findall(r"= (\w+\[[\d,]*\])\S* parameter\(", entry)
-    # The program's data input is the block, split over the replicas: each device holds its
-    # rows of the K batches, and nothing larger that a step would have to slice.
     per_device = BATCH // n
-    assert f"f32[50,{per_device},{FEATURES}]" in params
-    assert not [p for p in params if p.endswith(f",{FEATURES}]") and not p.startswith("f32[50,")]
-    assert not [p for p in params if re.match(rf"\w+\[{ROWS}\b", p)]
+    data = rf"f32\[{blocks},{per_device},{FEATURES}\]"
+    made = re.findall(rf"= {data}\S* ([\w-]+)\(", text)  # what produces an array of its shape
+    assert "parameter" in made
+    assert set(made) <= {"parameter", "get-tuple-element", "tuple", "while"}, made
+    # The computations that read it return one batch (the step's dynamic slice), and no
+    # gather reads it.
+    reads = re.findall(rf"\(param_\d+\.\d+: {data}[^)]*\) -> (\S+) {{", text)
+    assert reads and set(reads) == {f"f32[{per_device},{FEATURES}]"}, reads
+    assert not [ln for ln in text.splitlines() if " gather(" in ln and re.search(data, ln)]
 
 
 def _placed_mib(model) -> float:

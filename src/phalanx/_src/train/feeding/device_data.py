@@ -45,6 +45,9 @@ class Source:
     compiled call first gathers from them (`arrays`), then replicated on every device and
     no longer referenced on the host (`Blocks` then cuts its blocks from them there).
 
+    When `Blocks` already holds every row on the devices, it sets `assemble`: the
+    replicated arrays are then made there from its blocks, and nothing crosses again.
+
     Example:
       >>> source = Source((x, y), strategy)
       >>> source.spec                  # shapes and dtypes, for a trace
@@ -56,6 +59,7 @@ class Source:
         self.spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), host)
         self._strategy = strategy
         self._placed: Any = None
+        self.assemble: Callable[[], Any] | None = None  # set by `Blocks`, see above
 
     @property
     def placed(self) -> bool:
@@ -65,6 +69,9 @@ class Source:
     def arrays(self, record: Callable[[Any], Any] | None = None) -> Any:
         """The arrays, replicated on every device (placed on the first call, which `record`,
         the ledger's, is given)."""
+        if self._placed is None and self.assemble is not None:
+            self._placed = self.assemble()  # from the devices: nothing crosses
+            self.host = None
         if self._placed is None:
             repl = self._strategy.replicated_sharding
             self._placed = jax.tree.map(

@@ -21,7 +21,8 @@ import numpy as np
 
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.engine import execution, flop_rate
-from phalanx._src.train.feeding.inputs import FromTable, Resident, Table, zero_cursor
+from phalanx._src.train.engine.execution import BLOCK
+from phalanx._src.train.feeding.inputs import Cycled, FromTable, Resident, Table, zero_cursor
 
 if TYPE_CHECKING:
     from phalanx._src.train.engine.engine import Engine
@@ -62,7 +63,7 @@ class Runner:
         self._masks: dict[int, jax.Array] = {}  # masks recorded: a reused one crosses once
         self._table: Table | None = None
         self._cursor: jax.Array | None = None
-        self._fns: dict[str, tuple[Any, Callable]] = {}  # mode: (state packing, call)
+        self._fns: dict[tuple, tuple[Any, Callable]] = {}  # (many, cycle): (packing, call)
 
     def prepare(self, group: list[Any]) -> None:
         """Chooses the mode (SCAN or LOOP) on the phase's first group, once; its first batch
@@ -153,35 +154,46 @@ class Runner:
 
     def _resident(
         self, groups: list[list[Any]], many: bool
-    ) -> list[tuple[str, Resident, int]] | None:
-        """Training calls on `Blocks` when every batch is a block in order, else None: one
-        `(K, rows, ...)` block per scanned group, one block per single call otherwise (a
-        short group, or a convnet on XLA:CPU)."""
-        if self.blocks is None or self.phase != "train":
+    ) -> list[tuple[str, Resident | Cycled, int]] | None:
+        """Training calls on in-order resident data (`Blocks`) when every group's batches
+        are consecutive blocks or windows, else None: a scanned group is one call of K
+        steps read at a device cursor; other groups (a short one, or all of them when the
+        calls are single steps) run one step per call, on each block's own array in LOOP
+        mode (a convnet on XLA:CPU, K = 1), else at the cursor too."""
+        blocks = self.blocks
+        if blocks is None or self.phase != "train":
             return None
         # A full batch gives the rows (a fill may start at, or be only, the partial last
         # batch: then the blocks' own rows); with padding in every batch (an uneven split),
         # the table serves.
         is_full = self.distributor.is_full
         full = next((b for group in groups for b in group if is_full(b)), None)
-        rows = self.blocks.rows if full is None else int(np.shape(full)[0])
+        rows = blocks.rows if full is None else int(np.shape(full)[0])
         if rows is None:
             return None
         scanned = [many and self._scans(group) for group in groups]
         if any(scanned[:-1]) and not all(scanned[:-1]):
             return None  # (only a last group can be short)
+        found = [blocks.positions(group, rows) for group in groups]
+        if any(f is None for f in found):
+            return None
         record = self._recorder()
+        padded = blocks.period(BLOCK, rows) - 1 if blocks.padded(rows) else None
         items = []
-        for group, scans in zip(groups, scanned, strict=True):
-            found = self.blocks.lookup(group, rows, self.k if scans else None, record)
-            if found is None:
-                return None
+        for group, scans, (kind, at) in zip(groups, scanned, found, strict=True):
+            fulls = tuple(kind != BLOCK or j != padded for j in at)
+            if kind == BLOCK and not many:  # single steps on each block's own array
+                pairs = [blocks.batch(j, rows, record) for j in at]
+                calls = Resident([b for b, _ in pairs], [m for _, m in pairs])
+                items.append((execution.LOOP, calls, len(group)))
+                continue
+            if kind == BLOCK:
+                blocks.body(rows, record)  # placed now: it counts for this runner's epoch
             if scans:
-                ((block, mask),) = found
-                items.append((execution.SCAN, Resident([block], [mask]), len(group)))
+                item = Cycled(kind, at[0], self.k, rows, (all(fulls),))
+                items.append((execution.SCAN, item, len(group)))
             else:
-                blocks, masks = zip(*found, strict=True)
-                items.append((execution.LOOP, Resident(list(blocks), list(masks)), len(group)))
+                items.append((execution.LOOP, Cycled(kind, at[0], 1, rows, fulls), len(group)))
         return items
 
     def bind(
@@ -196,6 +208,8 @@ class Runner:
         in flight) is given the tick of each call before the last.
         """
         mode, payload, _ = item
+        if isinstance(payload, Cycled):
+            return self._bind_cycled(payload, queued)
         engine = self.engine
         # The source arrays go on the devices with the first call that gathers from them.
         source = None
@@ -212,7 +226,6 @@ class Runner:
             calls = [(payload.table.batch, mask)] * payload.calls
         else:
             calls = [payload] if mode == execution.SCAN else payload
-        fns = self._fns
         train = self.phase == "train"
         # The first training call also gives the FLOP count, from its compiled executable.
         count = train and not flop_rate.known(engine)
@@ -220,14 +233,7 @@ class Runner:
         def dispatch() -> jax.Array:
             arrays = None if source is None else source()
             leaves, packing = engine.leaves()
-            cached = fns.get(mode)
-            if cached is None or cached[0] is not packing:
-                many = mode == execution.SCAN
-                cached = fns[mode] = (
-                    packing,
-                    execution.compiled(engine, self.phase, many, packing),
-                )
-            fn = cached[1]
+            fn = self._compiled(mode == execution.SCAN, packing)
             cursor = self._cursor if tabled else None
             n = packing.metric_count
             metrics, others = leaves[:n], leaves[n:]
@@ -247,6 +253,53 @@ class Runner:
             if count and not flop_rate.known(engine):
                 flop_rate.count(engine, fn, args)
             # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
+            engine.set_leaves([*metrics, *others], logs)
+            return logs[0]
+
+        return dispatch
+
+    def _compiled(self, many: bool, packing: Any, cycle: tuple | None = None) -> Callable:
+        """The phase's compiled call (`execution.compiled`), looked up once per packing."""
+        key = (many, cycle)
+        cached = self._fns.get(key)
+        if cached is None or cached[0] is not packing:
+            fn = execution.compiled(self.engine, self.phase, many, packing, cycle)
+            cached = self._fns[key] = (packing, fn)
+        return cached[1]
+
+    def _bind_cycled(
+        self, item: Cycled, queued: Callable[[jax.Array], None] | None
+    ) -> Callable[[], jax.Array]:
+        """`bind` for calls on in-order resident data (see `Cycled`): each call starts at
+        the cursor the last one returned (placed only when the position jumped)."""
+        engine, blocks = self.engine, self.blocks
+        record = self._recorder()
+        kind = (BLOCK,) if item.kind == BLOCK else (item.kind, item.rows)  # what compiles
+        cycle = (kind, item.steps)
+        # Where the calls leave the cursor: a block per step, or a window's rows.
+        moves = len(item.full) * item.steps * (1 if item.kind == BLOCK else item.rows)
+        end = (item.start + moves) % blocks.period(item.kind, item.rows)
+        count = not flop_rate.known(engine)
+
+        def dispatch() -> jax.Array:
+            if item.kind == BLOCK:
+                data, masks = blocks.body(item.rows, record)
+            else:
+                data, masks = blocks.flat(record), None
+            leaves, packing = engine.leaves()
+            fn = self._compiled(item.steps > 1, packing, cycle)
+            n = packing.metric_count
+            metrics, others = leaves[:n], leaves[n:]
+            cursor = blocks.cursor(item.kind, item.start, record)
+            logs = None
+            for at, full in enumerate(item.full):
+                if at and queued is not None:
+                    queued(logs[0])  # (each call counts in flight, as in `bind`)
+                args = (metrics, others, None, data, None if full else masks, cursor)
+                metrics, others, logs, cursor = fn(*args)
+            blocks.moved(item.kind, end, cursor)
+            if count and not flop_rate.known(engine):
+                flop_rate.count(engine, fn, args)
             engine.set_leaves([*metrics, *others], logs)
             return logs[0]
 
