@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 from collections.abc import Callable
@@ -47,8 +48,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from phalanx._src.strategy import layout
 from phalanx._src.strategy.strategy import Strategy
 from phalanx._src.train.engine.execution import BLOCK, WINDOW
+from phalanx._src.train.engine.transfers import Door
 
-Record = Callable[[Any], Any]
 _WRITES = 8  # a padded last batch: the body is written in ~8 parts (peak: 1/8 more memory)
 
 
@@ -107,25 +108,25 @@ class Blocks:
         return None
 
     # ---- the placed data -----------------------------------------------------------------------
-    def body(self, rows: int, record: Record | None) -> tuple[Any, jax.Array | None]:
+    def body(self, rows: int, record: Door | None) -> tuple[Any, jax.Array | None]:
         """`(body, masks)`: every block as one `(P, rows, ...)` array per leaf, and the
         `(P, rows)` masks (None without a partial last batch); placed on the first call."""
         self._place(rows, True, record)
         return self._layout["body"], self._layout.get("masks")
 
-    def batch(self, j: int, rows: int, record: Record | None) -> tuple[Any, jax.Array | None]:
+    def batch(self, j: int, rows: int, record: Door | None) -> tuple[Any, jax.Array | None]:
         """Block `j` as a `(rows, ...)` array per leaf, with its mask (None unless it is the
         padded last batch); the blocks are placed on the first call."""
         self._place(rows, False, record)
         batches = self._layout["batches"]
         return batches[j], (self._layout.get("tail_mask") if j == len(batches) - 1 else None)
 
-    def flat(self, record: Record | None) -> Any:
+    def flat(self, record: Door | None) -> Any:
         """The source replicated on every device (for windows): assembled from the blocks
         on the devices when they are there, else placed from the host (`record`ed)."""
         return self._source.arrays(record)
 
-    def _place(self, rows: int, stacked: bool, record: Record | None) -> None:
+    def _place(self, rows: int, stacked: bool, record: Door | None) -> None:
         """Lays the blocks out for batches of `rows` rows (a body for scans, else one array
         per batch), unless they already are."""
         have = "body" if stacked else "batches"
@@ -137,7 +138,8 @@ class Blocks:
         self._layout = {}  # (another batch size or call shape: their device memory first)
         self._cursors = {}
         self._rows = rows
-        made = _lay_out(host, rows, self._length, stacked, self._data, self._stacked)
+        with record or contextlib.nullcontext():  # (the ledger's door: see `Door`)
+            made = _lay_out(host, rows, self._length, stacked, self._data, self._stacked)
         self._layout = made["layout"]
         if record is not None and made["crossed"]:
             record(made["crossed"])
@@ -152,21 +154,42 @@ class Blocks:
         return flatten(parts)
 
     # ---- the device cursors ------------------------------------------------------------------
-    def cursor(self, kind: str, position: int, record: Record | None) -> jax.Array:
+    def cursor(self, kind: str, position: int, record: Door | None) -> jax.Array:
         """A device cursor at `position` (a batch number or a first row): the one the last
-        call returned when it is there, else placed (a scalar, `record`ed)."""
+        call returned when it is there, made on the devices from the other kind's when it
+        points at the same rows (a block's first row is a window's start), else placed
+        (a scalar, `record`ed: the position jumped, e.g. a new `fit` call)."""
         at = self._cursors.get(kind)
         if at is not None and at[0] == position:
             return at[1]
-        repl = self._strategy.replicated_sharding
-        cursor = jax.device_put(np.int32(position), repl)
-        if record is not None:
-            record(cursor)
-        return cursor
+        rows = self._rows
+        other = self._cursors.get(WINDOW if kind == BLOCK else BLOCK)
+        if other is not None and rows is not None:
+            seen, cursor = other
+            if (kind == WINDOW and position == seen * rows) or (
+                kind == BLOCK and seen == position * rows
+            ):
+                return _convert(self._strategy.replicated_sharding, rows, kind)(cursor)
+        if position == 0:
+            return _zero(self._strategy.replicated_sharding)()
+        with record or contextlib.nullcontext():
+            cursor = jax.device_put(np.int32(position), self._strategy.replicated_sharding)
+        return cursor if record is None else record(cursor)
 
     def moved(self, kind: str, position: int, cursor: jax.Array) -> None:
         """Notes the cursor a call returned, at `position`."""
         self._cursors[kind] = (position, cursor)
+
+
+@functools.cache
+def _convert(sharding: Any, rows: int, to: str) -> Callable:
+    """A block cursor to the window at its first row, or back (compiled once per size)."""
+    return jax.jit(lambda c: c * rows if to == WINDOW else c // rows, out_shardings=sharding)
+
+
+@functools.cache
+def _zero(sharding: Any) -> Callable:
+    return jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=sharding)
 
 
 def _span(batch: np.ndarray, n: int, rows: int, cut: int) -> tuple[int, int] | None:

@@ -27,6 +27,7 @@ Used when the arrays fit: `device_data='auto'` caches up to a quarter of a devic
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ import numpy as np
 
 from phalanx._src.data.dataset import Dataset
 from phalanx._src.strategy.strategy import Strategy
+from phalanx._src.train.engine.transfers import Door
 
 UNKNOWN_MEMORY_BUDGET = 512 * 2**20
 
@@ -66,17 +68,18 @@ class Source:
         """Whether the arrays are on the devices."""
         return self._placed is not None
 
-    def arrays(self, record: Callable[[Any], Any] | None = None) -> Any:
-        """The arrays, replicated on every device (placed on the first call, which `record`,
-        the ledger's, is given)."""
+    def arrays(self, record: Door | None = None) -> Any:
+        """The arrays, replicated on every device (placed on the first call, through
+        `record`, the ledger's door)."""
         if self._placed is None and self.assemble is not None:
             self._placed = self.assemble()  # from the devices: nothing crosses
             self.host = None
         if self._placed is None:
             repl = self._strategy.replicated_sharding
-            self._placed = jax.tree.map(
-                lambda a: jax.make_array_from_process_local_data(repl, a), self.host
-            )
+            with record or contextlib.nullcontext():
+                self._placed = jax.tree.map(
+                    lambda a: jax.make_array_from_process_local_data(repl, a), self.host
+                )
             self.host = None  # not held on to: blocks are then cut from the placed arrays
             if record is not None:
                 record(self._placed)

@@ -22,6 +22,7 @@ import numpy as np
 from phalanx._src.strategy.distribute import BatchDistributor
 from phalanx._src.train.engine import execution, flop_rate
 from phalanx._src.train.engine.execution import BLOCK
+from phalanx._src.train.engine.transfers import Door
 from phalanx._src.train.feeding.inputs import Cycled, FromTable, Resident, Table, zero_cursor
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Runner:
         if self.mode is None:
             self.mode = self.engine.cache.get("mode")
         if self.mode is None:
-            batch, mask = self._placed(self.distributor.arrays(group[0]))
+            batch, mask = self._placed(self.distributor.arrays, group[0])
             spec = None if self.source is None else self.source.spec
             self.mode = execution.choose_mode(self.engine, spec, batch, mask)
 
@@ -80,9 +81,9 @@ class Runner:
         """Device input for a group of up to K host batches (runs in the consumer thread)."""
         self.prepare(group)
         if self._scans(group):
-            batch, mask = self._placed(self.distributor.stacked(group, self.k))
+            batch, mask = self._placed(self.distributor.stacked, group, self.k)
             return execution.SCAN, (batch, None if self._full([group]) else mask), len(group)
-        calls = [self._placed(self.distributor.arrays(b)) for b in group]
+        calls = [self._placed(self.distributor.arrays, b) for b in group]
         if (
             self.mode == execution.LOOP
         ):  # (a short group of a scan keeps its masks: one compilation)
@@ -90,13 +91,16 @@ class Runner:
             calls = [(b, None if f else m) for (b, m), f in zip(calls, full, strict=True)]
         return execution.LOOP, calls, len(group)
 
-    def _recorder(self) -> Callable[[Any], Any]:
-        """Records what the source or blocks place, for this runner's ledger window."""
-        return functools.partial(self._ledger.placed, into=self.window)
+    def _recorder(self) -> Door:
+        """The way across for what the source or blocks place, recorded in this runner's
+        ledger window."""
+        return self._ledger.door(self.window)
 
-    def _placed(self, placed: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
-        """Records a `(batch, mask)` the distributor just placed (a reused mask once)."""
-        return self._ledger.placed_pair(placed, self._masks, self.window)
+    def _placed(self, place: Callable[..., tuple[Any, jax.Array]], *args: Any) -> tuple:
+        """A `(batch, mask)` the distributor places (`place(*args)`), through the ledger's
+        door (a reused mask is recorded once)."""
+        with self._recorder() as door:
+            return door.pair(place(*args), self._masks)
 
     def _full(self, groups: list[list[Any]]) -> bool:
         """Whether training may drop the mask of these batches' calls (`Steps.train`)."""
@@ -132,7 +136,7 @@ class Runner:
             return [self.put(groups[0])]
         entries = tabled if many else [[batch] for group in tabled for batch in group]
         batch, mask = self._placed(
-            self.distributor.table(entries, self.k if many else None, self._table_calls())
+            self.distributor.table, entries, self.k if many else None, self._table_calls()
         )
         table = Table(batch, mask, zero_cursor(self.engine))
         items = [
