@@ -12,6 +12,7 @@ from conftest import build, make_data
 import phalanx
 from phalanx._src.train.engine.engine import Engine
 from phalanx._src.train.engine.execution import BLOCK, WINDOW
+from phalanx._src.train.engine.transfers import Transfers
 from phalanx._src.train.feeding import sources
 from phalanx._src.train.feeding.blocks import Blocks
 from phalanx._src.train.feeding.device_data import Source
@@ -335,8 +336,9 @@ def test_blocks_are_placed_once_and_read_where_they_lie(all_devices):
     assert blocks.positions([rows(0), rows(48)], 24) is None  # not consecutive
     # A scan's layout: every block in one array per leaf, split over the replicas; the
     # partial batch padded as the host pipeline pads it (a pad repeats a real row), masked.
-    placed = []
-    (bx, by), masks = blocks.body(24, placed.append)
+    ledger = Transfers()
+    door = ledger.door()
+    (bx, by), masks = blocks.body(24, door)
     assert bx.shape == (5, 24, x.shape[1]) and by.shape == (5, 24)
     assert tuple(bx.sharding.spec) == (None, *all_devices.data_sharding.spec)
     np.testing.assert_array_equal(np.asarray(bx)[:4], x[:96].reshape(4, 24, -1))
@@ -344,14 +346,16 @@ def test_blocks_are_placed_once_and_read_where_they_lie(all_devices):
     np.testing.assert_array_equal(np.asarray(bx)[4], x[96:][padded])
     np.testing.assert_array_equal(np.asarray(by)[4, :4], y[96:])
     np.testing.assert_array_equal(np.asarray(masks), np.arange(24)[None] < [[24]] * 4 + [[4]])
-    crossed = sum(a.nbytes for a in jax.tree.leaves(placed) if a.ndim > 1)
-    assert crossed == bx.nbytes + by.nbytes + masks.nbytes  # once, no overlap
-    before = len(placed)
-    blocks.body(24, placed.append)
-    assert len(placed) == before  # placed once
+    crossed = ledger.total.host_to_device_bytes
+    # Once, with no overlap: the body, its masks, and the offsets its parts were written at.
+    per = -(-5 // 8)  # batches per part (~8 parts)
+    parts = -(-5 // per)
+    assert crossed == bx.nbytes + by.nbytes + masks.nbytes + 4 * parts * len(jax.devices())
+    blocks.body(24, door)
+    assert ledger.total.host_to_device_bytes == crossed  # placed once
     # Windows read the source replicated: assembled from the blocks, nothing crosses.
-    fx, fy = blocks.flat(placed.append)
-    assert len(placed) == before and fx.sharding.is_fully_replicated
+    fx, fy = blocks.flat(door)
+    assert ledger.total.host_to_device_bytes == crossed and fx.sharding.is_fully_replicated
     np.testing.assert_array_equal(np.asarray(fx), x)
     np.testing.assert_array_equal(np.asarray(fy), y)
     # Single-step calls take each block's own array (no slice in the step).
@@ -360,7 +364,7 @@ def test_blocks_are_placed_once_and_read_where_they_lie(all_devices):
     np.testing.assert_array_equal(np.asarray(mask), np.arange(24) < 4)
     assert blocks.batch(1, 24, None)[1] is None
     # A cursor the last call returned is reused at its position; another is placed.
-    cursor = blocks.cursor(BLOCK, 3, placed.append)
+    cursor = blocks.cursor(BLOCK, 3, door)
     blocks.moved(BLOCK, 4, cursor)
     assert blocks.cursor(BLOCK, 4, None) is cursor
     assert int(blocks.cursor(BLOCK, 0, None)) == 0

@@ -148,7 +148,7 @@ def compiled(
 ) -> Callable:
     """The phase's compiled call for a state packed by `packing` (cached by the engine);
     `cycle`: over in-order resident data, see `_cycled`."""
-    key = (phase, many, cycle)
+    key = (phase, many) if cycle is None else (phase, many, cycle)
     fn = engine.cache.get(key)
     if fn is None or engine.cache.get(("packing", *key)) != packing:
         fn = engine.cache[key] = _jit_phase(engine, phase, many, packing, cycle)

@@ -170,8 +170,6 @@ class Blocks:
                 kind == BLOCK and seen == position * rows
             ):
                 return _convert(self._strategy.replicated_sharding, rows, kind)(cursor)
-        if position == 0:
-            return _zero(self._strategy.replicated_sharding)()
         with record or contextlib.nullcontext():
             cursor = jax.device_put(np.int32(position), self._strategy.replicated_sharding)
         return cursor if record is None else record(cursor)
@@ -185,11 +183,6 @@ class Blocks:
 def _convert(sharding: Any, rows: int, to: str) -> Callable:
     """A block cursor to the window at its first row, or back (compiled once per size)."""
     return jax.jit(lambda c: c * rows if to == WINDOW else c // rows, out_shardings=sharding)
-
-
-@functools.cache
-def _zero(sharding: Any) -> Callable:
-    return jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=sharding)
 
 
 def _span(batch: np.ndarray, n: int, rows: int, cut: int) -> tuple[int, int] | None:
