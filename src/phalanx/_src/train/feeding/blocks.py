@@ -129,13 +129,24 @@ class Blocks:
     def _place(self, rows: int, stacked: bool, record: Door | None) -> None:
         """Lays the blocks out for batches of `rows` rows (a body for scans, else one array
         per batch), unless they already are."""
-        have = "body" if stacked else "batches"
+        have, other = ("body", "batches") if stacked else ("batches", "body")
         if self._rows == rows and have in self._layout:
+            return
+        if self._rows == rows and other in self._layout:  # the other shape: restacked there
+            made = self._layout
+            made[have] = _restack(stacked, self._stacked if stacked else self._data)(
+                made.pop(other)
+            )
+            mask = made.pop("tail_mask" if stacked else "masks", None)
+            if mask is not None:
+                count = self.period(BLOCK, rows)
+                on = self._stacked if stacked else self._data
+                made["masks" if stacked else "tail_mask"] = _restack_masks(stacked, count, on)(mask)
             return
         host = self._source.host
         if host is None:  # replicated for gathers (or from these blocks): cut from there
             host = self._source.arrays()
-        self._layout = {}  # (another batch size or call shape: their device memory first)
+        self._layout = {}  # (another batch size: its device memory first)
         self._cursors = {}
         self._rows = rows
         with record or contextlib.nullcontext():  # (the ledger's door: see `Door`)
@@ -328,6 +339,33 @@ def _cut(sharding: Any, stacked: bool, rows: int, whole: int, pad: tuple | None)
         return [jax.tree.unflatten(treedef, list(parts)) for parts in zip(*made, strict=True)]
 
     return jax.jit(cut, out_shardings=sharding)
+
+
+@functools.cache
+def _restack(stacked: bool, sharding: Any) -> Callable:
+    """One array per batch into one `(P, B, ...)` body (`stacked`), or back, on the
+    devices: what `auto`'s trial needs when it goes from single calls to a scan."""
+
+    def restack(parts: Any) -> Any:
+        if stacked:
+            return jax.tree.map(lambda *batches: jnp.stack(batches), *parts)
+        count = jax.tree.leaves(parts)[0].shape[0]
+        return [jax.tree.map(lambda a, j=j: a[j], parts) for j in range(count)]
+
+    return jax.jit(restack, out_shardings=sharding)
+
+
+@functools.cache
+def _restack_masks(stacked: bool, count: int, sharding: Any) -> Callable:
+    """The padded batch's mask in the other layout's form (see `_lay_out`): the `(P, B)`
+    masks of a body (`stacked`; all True but the last), or its last row alone."""
+
+    def restack(mask: jax.Array) -> jax.Array:
+        if stacked:
+            return jnp.concatenate([jnp.ones((count - 1, mask.shape[0]), bool), mask[None]])
+        return mask[-1]
+
+    return jax.jit(restack, out_shardings=sharding)
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from phalanx._src.train.engine import execution, flop_rate
 from phalanx._src.train.engine.execution import BLOCK
 from phalanx._src.train.engine.transfers import Door
 from phalanx._src.train.feeding.inputs import Cycled, FromTable, Resident, Table, zero_cursor
+from phalanx._src.train.feeding.trial import Trial
 
 if TYPE_CHECKING:
     from phalanx._src.train.engine.engine import Engine
@@ -67,18 +68,50 @@ class Runner:
         self._fns: dict[tuple, tuple[Any, Callable]] = {}  # (many, cycle): (packing, call)
 
     def prepare(self, group: list[Any]) -> None:
-        """Chooses the mode (SCAN or LOOP) on the phase's first group, once; its first batch
-        fixes the compiled rows."""
+        """Chooses the mode (SCAN or LOOP) on the phase's first group, once (with
+        `steps_per_execution='auto'`, training items follow the engine's `Trial` until it
+        has decided); its first batch fixes the compiled rows."""
         self.distributor.fix_rows(group[0])
+        trial = self._trial(group)
+        if trial is not None:
+            self.mode = trial.mode()
+            return
         if self.mode is None:
-            self.mode = self.engine.cache.get("mode")
-        if self.mode is None:
+            self.mode = self._rule(group)
+
+    def _rule(self, group: list[Any]) -> str:
+        """The mode the model's forward pass allows (`execution.choose_mode`, cached)."""
+        mode = self.engine.cache.get("mode")
+        if mode is None:
             batch, mask = self._placed(self.distributor.arrays, group[0])
             spec = None if self.source is None else self.source.spec
-            self.mode = execution.choose_mode(self.engine, spec, batch, mask)
+            mode = execution.choose_mode(self.engine, spec, batch, mask)
+        return mode
+
+    def _trial(self, group: list[Any]) -> Trial | None:
+        """The engine's `Trial` when `auto` measures these training calls' mode, else None
+        (K = 1, another phase, a set K, or a model the forward pass keeps off the scan)."""
+        engine = self.engine
+        if self.phase != "train" or self.k == 1 or engine.steps_per_execution != "auto":
+            return None
+        trial = engine.cache.get("trial")
+        if trial is None and self._rule(group) == execution.SCAN:
+            trial = engine.cache["trial"] = Trial()
+        return trial
+
+    def _note(self, items: list[tuple[str, Any, int]]) -> list[tuple[str, Any, int]]:
+        """Counts the items made for the engine's `Trial`, if one runs."""
+        trial = self.engine.cache.get("trial") if self.phase == "train" else None
+        if trial is not None:
+            for mode, _, _ in items:
+                trial.note_made(mode, 1)
+        return items
 
     def put(self, group: list[Any]) -> tuple[str, Any, int]:
         """Device input for a group of up to K host batches (runs in the consumer thread)."""
+        return self._note([self._put(group)])[0]
+
+    def _put(self, group: list[Any]) -> tuple[str, Any, int]:
         self.prepare(group)
         if self._scans(group):
             batch, mask = self._placed(self.distributor.stacked, group, self.k)
@@ -133,7 +166,7 @@ class Runner:
             return resident
         tabled = [group for group in groups if self._scans(group) or not many]
         if not tabled:  # one short group: single calls
-            return [self.put(groups[0])]
+            return [self._put(groups[0])]
         entries = tabled if many else [[batch] for group in tabled for batch in group]
         batch, mask = self._placed(
             self.distributor.table, entries, self.k if many else None, self._table_calls()
@@ -147,14 +180,15 @@ class Runner:
             )
             for group in tabled
         ]
-        return items + [self.put(group) for group in groups[len(tabled) :]]
+        return items + [self._put(group) for group in groups[len(tabled) :]]
 
     def fill(self, taken: list[tuple[list[Any], Any]]) -> list[tuple[Any, Any]]:
         """`ResidentFeeder`'s fill: items for groups of row-number batches (one `Table`),
         each with the source's state after its group."""
         groups = [group for group, _ in taken]
         self.prepare(groups[0])  # the mode (scan or single calls) sets the shape
-        return list(zip(self.put_table(groups), [s for _, s in taken], strict=True))
+        items = self._note(self.put_table(groups))
+        return list(zip(items, [s for _, s in taken], strict=True))
 
     def _resident(
         self, groups: list[list[Any]], many: bool
@@ -233,6 +267,7 @@ class Runner:
         train = self.phase == "train"
         # The first training call also gives the FLOP count, from its compiled executable.
         count = train and not flop_rate.known(engine)
+        steps = self.k if mode == execution.SCAN else 1
 
         def dispatch() -> jax.Array:
             arrays = None if source is None else source()
@@ -242,7 +277,10 @@ class Runner:
             n = packing.metric_count
             metrics, others = leaves[:n], leaves[n:]
             logs = None
+            watch = self._watch(mode, len(calls), steps)
             for at, (batch, mask) in enumerate(calls):
+                if watch is not None:
+                    watch.before(at, (metrics, others))
                 if at and queued is not None:
                     # Each call of a multi-call item counts in flight (more than ~30 queued
                     # calls with a collective deadlock XLA:CPU; K single steps are K calls).
@@ -254,6 +292,8 @@ class Runner:
                     metrics, logs, cursor = fn(metrics, others, arrays, batch, mask, cursor)
             if tabled:
                 self._cursor = cursor
+            if watch is not None:
+                watch.after(logs[0])
             if count and not flop_rate.known(engine):
                 flop_rate.count(engine, fn, args)
             # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
@@ -261,6 +301,11 @@ class Runner:
             return logs[0]
 
         return dispatch
+
+    def _watch(self, mode: str, calls: int, steps: int) -> Any:
+        """The engine's `Trial`'s stopwatch for a training item, if it times this one."""
+        trial = self.engine.cache.get("trial") if self.phase == "train" else None
+        return None if trial is None else trial.watch(mode, calls, steps)
 
     def _compiled(self, many: bool, packing: Any, cycle: tuple | None = None) -> Callable:
         """The phase's compiled call (`execution.compiled`), looked up once per packing."""
@@ -296,12 +341,18 @@ class Runner:
             metrics, others = leaves[:n], leaves[n:]
             cursor = blocks.cursor(item.kind, item.start, record)
             logs = None
+            mode = execution.SCAN if item.steps > 1 else execution.LOOP
+            watch = self._watch(mode, len(item.full), item.steps)
             for at, full in enumerate(item.full):
+                if watch is not None:
+                    watch.before(at, (metrics, others))
                 if at and queued is not None:
                     queued(logs[0])  # (each call counts in flight, as in `bind`)
                 args = (metrics, others, None, data, None if full else masks, cursor)
                 metrics, others, logs, cursor = fn(*args)
             blocks.moved(item.kind, end, cursor)
+            if watch is not None:
+                watch.after(logs[0])
             if count and not flop_rate.known(engine):
                 flop_rate.count(engine, fn, args)
             engine.set_leaves([*metrics, *others], logs)
