@@ -546,9 +546,9 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True, lag: bool = Fal
     start = time.perf_counter()
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     repl = NamedSharding(mesh, P())
-    batches = ROWS // BATCH  # whole batches (a partial one left out: the loops cycle these)
+    count = ROWS // BATCH  # whole batches (a partial one left out: the loops cycle these)
     if split:
-        n = batches // k
+        n = count // k
         xs, ys = x[: n * k * BATCH], y[: n * k * BATCH]
         xs = xs.reshape(n, k, BATCH, 784) if k > 1 else xs.reshape(n, BATCH, 784)
         ys = ys.reshape(n, k, BATCH) if k > 1 else ys.reshape(n, BATCH)
@@ -556,8 +556,8 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True, lag: bool = Fal
         data = [(jax.device_put(xs[i], on), jax.device_put(ys[i], on)) for i in range(n)]
     else:
         on = NamedSharding(mesh, P(None, "data"))
-        whole = (jax.device_put(x[: batches * BATCH].reshape(batches, BATCH, 784), on),
-                 jax.device_put(y[: batches * BATCH].reshape(batches, BATCH), on))  # fmt: skip
+        whole = (jax.device_put(x[: count * BATCH].reshape(count, BATCH, 784), on),
+                 jax.device_put(y[: count * BATCH].reshape(count, BATCH), on))  # fmt: skip
     # The state crosses the jit boundary as a flat list of arrays: NNX's Variables would cost
     # a Python flatten callback each, at every call.
     leaves, treedef = jax.tree.flatten((params, tx.init(params), jnp.zeros((), jnp.int32)))
@@ -567,7 +567,7 @@ def speed_of_light(x, y, k: int, steps: int, split: bool = True, lag: bool = Fal
         params, opt_state, i = state
         if not split:  # batch: the whole dataset; take batch i of it
             batch = jax.tree.map(
-                lambda a: jax.lax.dynamic_index_in_dim(a, i % batches, keepdims=False), batch
+                lambda a: jax.lax.dynamic_index_in_dim(a, i % count, keepdims=False), batch
             )
         params, opt_state, loss = _adam_step(graphdef, tx, params, opt_state, *batch)
         return (params, opt_state, i + 1), loss
@@ -747,7 +747,7 @@ def child(args: argparse.Namespace) -> None:
     rows = []
     for round_ in range(args.rounds):
         for k in args.steps_per_execution:
-            steps = args.steps * (10 if k > 1 else 1)  # K=50: enough executions to time
+            steps = args.steps if k == 1 else args.k_steps or args.steps * 10  # enough calls
             for name, fn in variants.items():
                 row = {"k": k, "variant": name, **fn(k, steps)}
                 rows.append({**row, "round": round_})
@@ -804,6 +804,8 @@ def fit_table(args: argparse.Namespace) -> None:
     for devices in args.devices or [1, 8]:
         flags = ["--devices", str(devices), "--rounds", str(args.rounds)]
         flags += ["--steps", str(args.steps), "--batch", str(args.batch)]
+        if args.k_steps:
+            flags += ["--k-steps", str(args.k_steps)]
         if args.rows:
             flags += ["--rows", str(args.rows)]
         for k in args.steps_per_execution:
@@ -1075,6 +1077,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps-per-execution", type=int, action="append")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200, help="timed steps at K=1 (x10 at K>1)")
+    parser.add_argument("--k-steps", type=int, default=None, help="steps at K>1 (default: 10x)")
     parser.add_argument("--batch", type=int, default=BATCH, help="global batch (fit table)")
     parser.add_argument(
         "--rows", type=int, default=None, help="examples (default 50 batches; 60000: MNIST's)"

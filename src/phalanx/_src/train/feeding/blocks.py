@@ -51,6 +51,7 @@ from phalanx._src.train.engine.execution import BLOCK, WINDOW
 from phalanx._src.train.engine.transfers import Door
 
 _WRITES = 8  # a padded last batch: the body is written in ~8 parts (peak: 1/8 more memory)
+LOOK_AHEAD = 100_000  # batches read ahead at most, to see whether windows come
 
 
 class Blocks:
@@ -71,6 +72,7 @@ class Blocks:
         self._rows: int | None = None  # B, once placed
         self._layout: dict[str, Any] = {}  # "body", "masks", "batches", "tail_mask"
         self._cursors: dict[str, tuple[int, jax.Array]] = {}  # kind: (position, on device)
+        self._windows: bool | None = None  # whether windows come (`look_ahead`)
 
     @property
     def rows(self) -> int | None:
@@ -87,9 +89,41 @@ class Blocks:
         return whole + (tail > 0) if kind == BLOCK else self._length
 
     # ---- where batches are -------------------------------------------------------------------
+    def look_ahead(self, iterator: Any) -> None:
+        """Reads the row numbers of one pass over the data ahead, once, to tell whether
+        windows will come (then every batch is read as a window from the first: one
+        layout and one compiled program, where blocks first would compile a second for
+        the windows once the first pass ends). The iterator is put back where it was
+        (`get_state` / `set_state`); one without them, or data over `LOOK_AHEAD` batches,
+        is not read ahead (blocks first, then windows, as they come)."""
+        if self._windows is not None:
+            return
+        self._windows = False
+        if not all(hasattr(iterator, a) for a in ("get_state", "set_state", "next_many")):
+            return
+        state = iterator.get_state()
+        try:
+            first = iterator.next_many(1)
+            rows = int(np.size(first[0])) if first else 0
+            if not rows or self._positions(first, rows, False) is None:
+                return  # shuffled, or not row numbers in order: nothing to look for
+            if self._length // rows + 1 > LOOK_AHEAD:
+                return
+            ahead = first + iterator.next_many(self._length // rows + 1)
+            found = [self._positions([b], rows, False) for b in ahead]
+            self._windows = any(f is not None and f[0] == WINDOW for f in found)
+        finally:
+            iterator.set_state(state)
+
     def positions(self, batches: list[Any], rows: int) -> tuple[str, list[int]] | None:
         """`(BLOCK, batch numbers)` or `(WINDOW, first rows)` when `batches` (row numbers)
-        are consecutive in order, each a block or each a full window; else None."""
+        are consecutive in order, each a block or each a full window; else None. Full
+        batches are windows when windows come (`look_ahead`)."""
+        return self._positions(batches, rows, bool(self._windows))
+
+    def _positions(
+        self, batches: list[Any], rows: int, windows: bool
+    ) -> tuple[str, list[int]] | None:
         n = self._length
         if n < rows or not batches:
             return None
@@ -97,7 +131,7 @@ class Blocks:
         spans = [_span(np.asarray(b), n, rows, whole * rows) for b in batches]
         if any(s is None for s in spans):
             return None
-        if all(s % rows == 0 and (s + size <= n) for s, size in spans):
+        if not windows and all(s % rows == 0 and (s + size <= n) for s, size in spans):
             index = [s // rows for s, _ in spans]
             if _consecutive(index, 1, whole + (tail > 0)):
                 return BLOCK, index
