@@ -4,7 +4,9 @@
 batches). On XLA:CPU a convolution inside a loop body misses the fast path and runs ~22x
 slower per step (stack-facts section 9), so there, when the step contains a convolution,
 the K steps are dispatched as single compiled calls instead; logs are still fetched only
-every K steps. Either way the model never runs slower than with K = 1.
+every K steps. With `steps_per_execution='auto'` the first training calls also time the
+two ways (`feeding.trial`) and keep the faster, so a step never runs slower than with
+K = 1 for a trap this rule does not know.
 """
 
 from __future__ import annotations
