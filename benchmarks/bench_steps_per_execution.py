@@ -14,8 +14,10 @@ round by round (the machine is shared), each a cold `fit` on a fresh model:
 - `K=50 scan`: 50 steps in one `lax.scan`, whatever the model (the choice `auto` avoids for
   convolutions on XLA:CPU: stack-facts section 9).
 
-Printed: the microseconds per step after the first epoch (best round), the whole call's
-seconds (best round), and the ratio of each K>1 variant's step to K=1's (> 1: slower).
+Printed: the microseconds per step over the second half of the run (best round; `auto`
+has decided by then: its trial times the first calls, `feeding/trial.py`), the whole
+call's seconds (best round: compilation, the trial and placement included), and the
+ratio of each K>1 variant's step to K=1's (> 1: slower).
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ def _fit(family, variant: str, batch: int, epochs: int) -> dict:
     finally:
         execution._mode = mode
     per_call = EPOCH // (1 if k == 1 else EPOCH)  # executions in an epoch
-    after = read.ends[per_call - 1 :]
-    steps = (len(read.ends) - per_call) * (EPOCH // per_call)
+    half = len(read.ends) // 2  # the second half: `auto`'s trial is over by then
+    after = read.ends[half - 1 :]
+    steps = (len(after) - 1) * (EPOCH // per_call)
     chosen = model.engine.cache.get("mode")
     jax.clear_caches()
     return {"us": (after[-1] - after[0]) / steps * 1e6, "whole": done - start, "mode": chosen}
@@ -100,7 +103,7 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.families is None:

@@ -14,22 +14,25 @@ from phalanx._src.train.feeding.trial import SAMPLES, Trial
 
 def test_the_trial_keeps_the_mode_with_the_faster_step():
     trial = Trial()
-    assert trial.mode() == LOOP
-    trial.note_made(LOOP, SAMPLES[LOOP])
-    assert trial.mode() == SCAN  # after the single calls, scans
-    # A first single call compiles: an item of one call is not timed, nor is the first
-    # scan (it compiles too).
+    assert trial.mode() == LOOP  # single calls first
+    # A first call may compile: an item of one call is not timed, nor is the first scan.
     assert trial.watch(LOOP, calls=1, steps=1) is None
     assert trial.watch(SCAN, calls=1, steps=5) is None
-    assert trial.watch(SCAN, calls=1, steps=5) is not None
     for seconds in (3e-3, 2e-3):
         trial.measured(LOOP, seconds)
+    assert trial.mode() == SCAN  # the single calls are timed: scans next
     for seconds in (9e-3, 2.5e-3):
         trial.measured(SCAN, seconds)
     assert trial.decided is None  # one more scan to time
     trial.measured(SCAN, 2.1e-3)  # each mode's fastest item counts: 2.0 < 2.1 ms
     assert trial.decided == LOOP and trial.mode() == LOOP
     assert trial.watch(LOOP, calls=5, steps=1) is None  # nothing more is timed
+
+
+def test_the_trial_goes_on_to_scans_when_single_calls_cannot_be_timed():
+    trial = Trial()
+    trial.note_made(LOOP, 2 * SAMPLES[LOOP])  # items of one call each: none timed
+    assert trial.mode() == SCAN
 
 
 class _MLP(nnx.Module):

@@ -7,9 +7,9 @@ single step: on XLA:CPU a convolution inside a loop misses the fast path (3.6-8x
 families' CNN and ResNet, `benchmarks/bench_steps_per_execution.py`; stack-facts section
 9), and each step copies its batch out of the stacked input. Where the model's forward
 pass already rules the scan out (`execution.choose_mode`: a convolution on XLA:CPU) no
-trial runs. Otherwise the first two items are made as K single calls and timed (the first
-from its second call on: the first call compiles), then scan calls, timed from the second
-(the first compiles). Each time is an item's wall time over its steps, the queue drained
+trial runs. Otherwise the first two items are made as K single calls and timed from their
+second call on (a first call may compile), then scan calls, timed from the second (the
+first compiles). Each time is an item's wall time over its steps, the queue drained
 before it and its last logs read after it, as the loop reads them; each mode's fastest of
 `SAMPLES` items counts (another job on the machine only ever slows an item down). The
 mode with the shorter step is kept for the rest of the build, so `auto` never runs a step
@@ -47,7 +47,8 @@ class Trial:
         and SCAN after them."""
         if self.decided is not None:
             return self.decided
-        return LOOP if self.made[LOOP] < SAMPLES[LOOP] else SCAN
+        timed = len(self.per_step[LOOP]) >= SAMPLES[LOOP]
+        return LOOP if not timed and self.made[LOOP] < 2 * SAMPLES[LOOP] else SCAN
 
     def note_made(self, mode: str, items: int) -> None:
         self.made[mode] += items
@@ -59,9 +60,8 @@ class Trial:
         self.seen[mode] += 1
         if self.decided is not None or len(self.per_step[mode]) >= SAMPLES[mode]:
             return None
-        if mode == LOOP:  # the first item from its second call on: the first compiles
-            first = 1 if seen == 0 else 0
-            return _Watch(self, mode, first, (calls - first) * steps) if calls > first else None
+        if mode == LOOP:  # from the second call on: a first call may compile
+            return _Watch(self, mode, 1, (calls - 1) * steps) if calls > 1 else None
         return _Watch(self, mode, first=0, steps=calls * steps) if seen >= 1 else None
 
     def measured(self, mode: str, seconds: float) -> None:
