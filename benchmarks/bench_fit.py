@@ -60,6 +60,38 @@ loops place and read: MiB host -> device in the first epoch, the most in any lat
 and the most MiB device -> host in an epoch. On XLA:CPU a device array may share host
 memory, so timings cannot show a copy per epoch; the ledger shows it on any machine.
 
+Issue 43, 2026-11-28 (2 CPU cores shared with other sessions, load 1.4-3.8; no GPU), this
+code ("after") and the commit before it ("before", `PYTHONPATH` of its `git archive`), the
+same script: `python benchmarks/bench_fit.py --no-keras --variants
+sol,sol-index[,sol-window],fit --devices N --steps-per-execution 1 --steps-per-execution
+50 --rounds 3 --steps S --k-steps S [--rows 60000]` (50-step epochs; 51,200 rows are 50
+whole batches, MNIST's 60,000 are not: `repeat().batch()` then reads windows across the
+data's end after its first pass). "/ fastest": fit's steady rate over the fastest
+hand-written loop's in the same round (sol, sol-index and, at 60,000 rows, sol-window, the
+only one that reads the same batches as fit; sol and sol-index cycle the 58 whole
+batches), median over rounds; "K50/K1": fit's microseconds a step at K=50 over K=1's:
+
+| dev | rows | steps | K=1 before | K=1 after | K=50 before | K=50 after | K50/K1 before | after |
+|---|---|---|---|---|---|---|---|---|
+| 1 | 51,200 | 200 | 0.98 | 0.99 | 1.02 | 0.99 | 0.87 | 0.89 |
+| 1 | 51,200 | 1,000 | 0.92 | 0.99 | 1.01 | 0.97 | 0.84 | 0.98 |
+| 1 | 60,000 | 200 | 0.38 | 0.93 | 0.30 | 0.98 | 1.14 | 0.83 |
+| 1 | 60,000 | 1,000 | 0.75 | 0.85 | 0.76 | 0.97 | 0.94 | 0.82 |
+| 8 | 51,200 | 200 | 1.00 | 0.98 | 1.04 | 1.02 | 0.82 | 0.81 |
+| 8 | 60,000 | 200 | 0.46 | 0.95 | 0.39 | 0.99 | 1.07 | 0.84 |
+| 8 | 60,000 | 1,000 | | 0.87 | | 1.01 | | 0.82 |
+
+At 60,000 rows fit against sol-window alone (the same batches): K=1 0.99 (200 steps),
+0.97 (1,000), 0.99 and 1.02 on 8 devices; sol and sol-index read whole batches as arrays of
+their own or a dynamic slice, while a window is a copy of rows in any loop (sol-window's
+own K=1 step is 0.85-0.98 of sol's). Before, fit at 60,000 rows placed the data twice (the
+ledger: 180 MiB again in the second epoch on one device, 1,438 on 8: blocks first, then the
+replicated source for the windows) and compiled a second program in the second epoch;
+after, once and one (`Blocks.look_ahead`). Whole call, one device, 60,000 rows, 200
+steps, best round: K=50 1.14 s before, 0.68 after (sol 0.58); K=1 0.95, 0.64 (sol 0.61);
+first execution K=50 0.50 and 0.47 s (sol 0.39). Rounds of one variant differed by up to
+1.3x under the load: differences within ~0.05 are the machine's.
+
 Issue 35, 2026-11-26 (2 CPU cores shared with four other sessions' tests; no GPU in the
 session), sol against fit, interleaved rounds, this code. `--no-keras --variants sol,fit
 --devices 1 --steps-per-execution 1 --steps-per-execution 50 --rounds 3 --steps 200`
@@ -755,7 +787,7 @@ def child(args: argparse.Namespace) -> None:
         (k,) = args.steps_per_execution
         (name,) = variants
         held = host()  # the interpreter, JAX and the host arrays
-        variants[name](k, args.steps * (10 if k > 1 else 1))
+        variants[name](k, args.steps if k == 1 else args.k_steps or args.steps * 10)
         stats = [d.memory_stats() for d in jax.local_devices()]
         device = None  # as phalanx.report.memory: None where a device reports nothing
         if all(st and "peak_bytes_in_use" in st for st in stats):
@@ -898,6 +930,8 @@ def memory_table(args: argparse.Namespace) -> None:
             for name in args.variants or ("sol", "fit"):
                 flags = ["--devices", str(devices), "--steps-per-execution", str(k)]
                 flags += ["--steps", str(args.steps), "--batch", str(args.batch), "--no-keras"]
+                flags += ["--rows", str(args.rows)] if args.rows else []
+                flags += ["--k-steps", str(args.k_steps)] if args.k_steps else []
                 flags += ["--memory", "--variants", name]
                 rows[name] = row = _run_child(flags, env)[0]
                 device = "n/a" if row["device"] is None else f"{row['device']:,.0f}"

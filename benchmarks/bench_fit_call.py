@@ -26,6 +26,16 @@ loops. All are timed call by call, interleaved round by round (the machine is sh
 compared at the median step (a call's time / K); the fusion and copy counts cover every
 computation of each program (the scan's body included), not only the entry's.
 
+Issue 43, 2026-11-28 17:15 UTC, 2 CPU cores (load 2.2), `python benchmarks/bench_fit_call.py
+--steps-per-execution 50 --rounds 5 --steps 500 --no-profile`: fit's K=50 call (now the
+whole data and a cursor) 1,245.8 us a step at the median, the block loop 1,250.2, the
+fastest loop 1,267.5 (0.996x the faster); the commit before (its call on a (50, B) block)
+1,208.5, 1,213.1 and 1,216.6 (0.996x). The three loops are within 2 % of one another: the
+block loop was not 1.4x slow here. A jax.profiler trace of fit's call against the fastest
+loop (10 calls each, interleaved) gave the same thunks at the same times a step (the
+first layer's dot fusion ~450 us, the batch's dynamic slice 70-74 us, the two dots 60 us
+each, Adam's fusions), 1,281 against 1,283 us a step.
+
 Issue 35, 2026-11-26 19:22-19:24 UTC, 2 CPU cores (XLA:CPU, one device, jax 0.10.2,
 load 0.4-2.8), `python benchmarks/bench_fit_call.py --steps-per-execution 50 --rounds 5
 --no-profile`: fit's K=50 call 4,418 us a step at the median over 5 rounds of 1,000

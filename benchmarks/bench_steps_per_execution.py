@@ -71,7 +71,8 @@ def _fit(family, variant: str, batch: int, epochs: int) -> dict:
     half = len(read.ends) // 2  # the second half: `auto`'s trial is over by then
     after = read.ends[half - 1 :]
     steps = (len(after) - 1) * (EPOCH // per_call)
-    chosen = model.engine.cache.get("mode")
+    trial = model.engine.cache.get("trial")  # auto's measurement, if it ran
+    chosen = trial.decided if trial is not None else model.engine.cache.get("mode")
     jax.clear_caches()
     return {"us": (after[-1] - after[0]) / steps * 1e6, "whole": done - start, "mode": chosen}
 
