@@ -74,7 +74,7 @@ class Blocks:
         self._rows: int | None = None  # B, once placed
         self._layout: dict[str, Any] = {}  # "body", "masks", "batches", "tail_mask"
         self._cursors: dict[str, tuple[int, jax.Array]] = {}  # kind: (position, on device)
-        self._windows: bool | None = None  # whether windows come (`look_ahead`)
+        self._ahead: tuple[int, bool] | None = None  # (rows, whether windows come)
 
     @property
     def rows(self) -> int | None:
@@ -92,28 +92,30 @@ class Blocks:
 
     # ---- where batches are -------------------------------------------------------------------
     def look_ahead(self, iterator: Any) -> None:
-        """Reads the row numbers of one pass over the data ahead, once, to tell whether
-        windows will come (then every batch is read as a window from the first: one
-        layout and one compiled program, where blocks first would compile a second for
-        the windows once the first pass ends). The iterator is put back where it was
+        """Reads the row numbers of one pass over the data ahead, to tell whether windows
+        will come (then every full batch is read as a window from the first: one layout and
+        one compiled program, where blocks first would compile a second for the windows once
+        the first pass ends); once per batch size. The iterator is put back where it was
         (`get_state` / `set_state`); one without them, or data over `LOOK_AHEAD` batches,
-        is not read ahead (blocks first, then windows, as they come)."""
-        if self._windows is not None:
-            return
-        self._windows = False
+        is not read ahead (blocks first, then windows, as they come). A partial batch among
+        batches read as windows turns the windows off (another pipeline over the same
+        placed data: `reuse`)."""
         if not all(hasattr(iterator, a) for a in ("get_state", "set_state", "next_many")):
             return
         state = iterator.get_state()
         try:
             first = iterator.next_many(1)
             rows = int(np.size(first[0])) if first else 0
-            if not rows or self._positions(first, rows, False) is None:
+            if not rows or (self._ahead is not None and self._ahead[0] == rows):
+                return
+            self._ahead = (rows, False)
+            if self._positions(first, rows, False) is None:
                 return  # shuffled, or not row numbers in order: nothing to look for
             if self._length // rows + 1 > LOOK_AHEAD:
                 return
             ahead = first + iterator.next_many(self._length // rows + 1)
             found = [self._positions([b], rows, False) for b in ahead]
-            self._windows = any(f is not None and f[0] == WINDOW for f in found)
+            self._ahead = (rows, any(f is not None and f[0] == WINDOW for f in found))
         finally:
             iterator.set_state(state)
 
@@ -121,7 +123,12 @@ class Blocks:
         """`(BLOCK, batch numbers)` or `(WINDOW, first rows)` when `batches` (row numbers)
         are consecutive in order, each a block or each a full window; else None. Full
         batches are windows when windows come (`look_ahead`)."""
-        return self._positions(batches, rows, bool(self._windows))
+        if self._ahead == (rows, True):
+            found = self._positions(batches, rows, True)
+            if found is not None or all(np.size(b) == rows for b in batches):
+                return found
+            self._ahead = (rows, False)  # a partial batch: this pipeline reads blocks
+        return self._positions(batches, rows, False)
 
     def _positions(
         self, batches: list[Any], rows: int, windows: bool
