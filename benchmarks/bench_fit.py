@@ -79,7 +79,7 @@ batches), median over rounds; "K50/K1": fit's microseconds a step at K=50 over K
 | 1 | 60,000 | 1,000 | 0.75 | 0.85 | 0.76 | 0.97 | 0.94 | 0.82 |
 | 8 | 51,200 | 200 | 1.00 | 0.98 | 1.04 | 1.02 | 0.82 | 0.81 |
 | 8 | 60,000 | 200 | 0.46 | 0.95 | 0.39 | 0.99 | 1.07 | 0.84 |
-| 8 | 60,000 | 1,000 | | 0.87 | | 1.01 | | 0.82 |
+| 8 | 60,000 | 1,000 | 0.84 | 0.87 | 0.76 | 1.01 | 0.91 | 0.82 |
 
 At 60,000 rows fit against sol-window alone (the same batches): K=1 0.99 (200 steps),
 0.97 (1,000), 0.99 and 1.02 on 8 devices; sol and sol-index read whole batches as arrays of
