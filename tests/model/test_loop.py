@@ -11,6 +11,8 @@ from conftest import build, make_data
 
 import phalanx
 from phalanx._src.train.engine.engine import Engine
+from phalanx._src.train.engine.execution import BLOCK, WINDOW
+from phalanx._src.train.engine.transfers import Transfers
 from phalanx._src.train.feeding import sources
 from phalanx._src.train.feeding.blocks import Blocks
 from phalanx._src.train.feeding.device_data import Source
@@ -275,26 +277,30 @@ def test_device_data_is_used_for_in_memory_datasets(all_devices, monkeypatch):
 
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize(
-    "rows, steps_per_epoch, resident",
-    # resident: whether any batch is found a block, at K = (1, 2). A fill with a batch that
-    # straddles a repetition gathers all its batches by row number instead.
+    "rows, steps_per_epoch, kinds",
+    # kinds: the positions the batches were found at. 100 rows are 4 whole batches of 24
+    # and a partial one; `repeat().batch()` over them reads windows across the repetitions
+    # after its first pass, so every batch is read as a window from the first (one layout,
+    # one program: `Blocks.look_ahead`).
     [
-        (96, None, (True, True)),
-        (96, 4, (True, True)),
-        (100, None, (True, True)),
-        (100, 5, (True, True)),
+        (96, None, {BLOCK}),
+        (96, 4, {BLOCK}),
+        (100, None, {BLOCK}),
+        (100, 5, {WINDOW}),
     ],
     ids=["whole_blocks", "whole_blocks_repeated", "partial_last_batch", "straddling_repeat"],
 )
-def test_batches_read_in_order_train_on_their_blocks(
-    all_devices, monkeypatch, rows, steps_per_epoch, resident, k
+def test_batches_read_in_order_train_at_a_device_cursor(
+    all_devices, monkeypatch, rows, steps_per_epoch, kinds, k
 ):
-    # Unshuffled batches of whole blocks go to the step as arrays of their own (no gather);
-    # a partial last batch runs on its own, and a table with a batch across a repetition
-    # gathers by row number. Either way the numbers are the host pipeline's.
+    # Unshuffled batches are found in order (blocks, or windows across a repetition) and
+    # read on the devices: the data crosses in the first epoch only, and the numbers are the
+    # host pipeline's (a partial last batch padded and masked as it pads it).
     found = []
-    real = Blocks.lookup
-    monkeypatch.setattr(Blocks, "lookup", lambda self, *a: found.append(r := real(self, *a)) or r)
+    real = Blocks.positions
+    monkeypatch.setattr(
+        Blocks, "positions", lambda self, *a: found.append(r := real(self, *a)) or r
+    )
     x, y = make_data(rows)
     ds = phalanx.data.Dataset.from_tensor_slices((x, y))
     ds = ds.batch(24) if steps_per_epoch is None else ds.repeat().batch(24)
@@ -304,43 +310,65 @@ def test_batches_read_in_order_train_on_their_blocks(
         history = model.fit(
             ds, epochs=3, steps_per_epoch=steps_per_epoch, verbose=0, device_data=device_data
         )
-        results.append((history.history["loss"], model.get_weights(), model.train_step_count))
-    assert any(f is not None for f in found) == resident[k - 1]
+        results.append((history.history, model.get_weights(), model.train_step_count))
+    assert None not in found and {kind for kind, _ in found} == kinds
     (got, got_weights, got_steps), (want, want_weights, want_steps) = results
     assert got_steps == want_steps
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert got["host_to_device_mib"][1:] == [0.0, 0.0]  # nothing crosses after the first
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
     for a, b in zip(got_weights, want_weights, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_blocks_are_batches_in_order_cut_on_the_devices_from_one_placement(all_devices):
+def test_blocks_are_placed_once_and_read_where_they_lie(all_devices):
     x, y = make_data(100)  # 4 whole batches of 24 and a partial one of 4
     blocks = Blocks(Source((x, y), all_devices), all_devices)
-    placed = []
     rows = lambda start, n=24: np.arange(start, start + n, dtype=np.int32)  # noqa: E731
-    (((bx, by), mask),) = blocks.lookup([rows(24)], 24, record=placed.append)
-    assert mask is None
-    np.testing.assert_array_equal(np.asarray(bx), x[24:48])
-    np.testing.assert_array_equal(np.asarray(by), y[24:48])
-    assert bx.sharding.spec == all_devices.data_sharding.spec  # split over the replicas
-    assert len(placed) == 1  # the whole layout, once; every later block is cut on the devices
-    (((sx, _), mask),) = blocks.lookup([rows(0), rows(24)], 24, k=2, record=placed.append)
-    np.testing.assert_array_equal(np.asarray(sx), x[:48].reshape(2, 24, -1))
-    assert mask is None
-    # The partial last batch, padded as the host pipeline pads it, and its mask.
-    (((tx, _), mask),) = blocks.lookup([rows(96, 4)], 24)
+    wrap = lambda start: np.arange(start, start + 24, dtype=np.int32) % 100  # noqa: E731
+    assert blocks.positions([rows(24), rows(48)], 24) == (BLOCK, [1, 2])
+    # The partial last batch is block 4; block 0 follows it (`batch().repeat()`).
+    assert blocks.positions([rows(72), rows(96, 4), rows(0)], 24) == (BLOCK, [3, 4, 0])
+    # `repeat().batch()`: full windows across the data's end, B rows apart mod N.
+    assert blocks.positions([rows(72), wrap(96), wrap(20)], 24) == (WINDOW, [72, 96, 20])
+    assert blocks.positions([rows(12)], 24) == (WINDOW, [12])  # off a boundary: a window
+    assert blocks.positions([rows(72)[::-1]], 24) is None  # out of order
+    assert blocks.positions([rows(0)[:12]], 24) is None  # a short batch that is not the last
+    assert blocks.positions([rows(90, 10)], 24) is None  # past the data
+    assert blocks.positions([rows(0), rows(48)], 24) is None  # not consecutive
+    # A scan's layout: every block in one array per leaf, split over the replicas; the
+    # partial batch padded as the host pipeline pads it (a pad repeats a real row), masked.
+    ledger = Transfers()
+    door = ledger.door()
+    (bx, by), masks = blocks.body(24, door)
+    assert bx.shape == (5, 24, x.shape[1]) and by.shape == (5, 24)
+    assert tuple(bx.sharding.spec) == (None, *all_devices.data_sharding.spec)
+    np.testing.assert_array_equal(np.asarray(bx)[:4], x[:96].reshape(4, 24, -1))
+    padded = np.where(np.arange(24) < 4, np.arange(24), 0)  # the pads repeat row 0
+    np.testing.assert_array_equal(np.asarray(bx)[4], x[96:][padded])
+    np.testing.assert_array_equal(np.asarray(by)[4, :4], y[96:])
+    np.testing.assert_array_equal(np.asarray(masks), np.arange(24)[None] < [[24]] * 4 + [[4]])
+    crossed = ledger.total.host_to_device_bytes
+    # Once, with no overlap: the body, its masks, and the offsets its parts were written at.
+    per = -(-5 // 8)  # batches per part (~8 parts)
+    parts = -(-5 // per)
+    assert crossed == bx.nbytes + by.nbytes + masks.nbytes + 4 * parts * len(jax.devices())
+    blocks.body(24, door)
+    assert ledger.total.host_to_device_bytes == crossed  # placed once
+    # Windows read the source replicated: assembled from the blocks, nothing crosses.
+    fx, fy = blocks.flat(door)
+    assert ledger.total.host_to_device_bytes == crossed and fx.sharding.is_fully_replicated
+    np.testing.assert_array_equal(np.asarray(fx), x)
+    np.testing.assert_array_equal(np.asarray(fy), y)
+    # Single-step calls take each block's own array (no slice in the step).
+    (tx, _), mask = blocks.batch(4, 24, None)
     np.testing.assert_array_equal(np.asarray(tx)[:4], x[96:])
     np.testing.assert_array_equal(np.asarray(mask), np.arange(24) < 4)
-    # A group across the data's end (a carried iterator's epoch): cut on the devices too.
-    (((gx, _), mask),) = blocks.lookup([rows(96, 4), rows(0)], 24, k=2, record=placed.append)
-    np.testing.assert_array_equal(np.asarray(gx)[0, :4], x[96:])
-    np.testing.assert_array_equal(np.asarray(gx)[1], x[:24])
-    np.testing.assert_array_equal(np.asarray(mask), np.stack([np.arange(24) < 4, [True] * 24]))
-    assert len(placed) == 2  # and that group's mask
-    assert blocks.lookup([rows(12)], 24) is None  # not on a batch boundary
-    assert blocks.lookup([rows(72)[::-1]], 24) is None  # out of order
-    assert blocks.lookup([rows(0)[:12]], 24) is None  # a short batch that is not the last
-    assert blocks.lookup([rows(90, 10)], 24) is None  # past the data
+    assert blocks.batch(1, 24, None)[1] is None
+    # A cursor the last call returned is reused at its position; another is placed.
+    cursor = blocks.cursor(BLOCK, 3, door)
+    blocks.moved(BLOCK, 4, cursor)
+    assert blocks.cursor(BLOCK, 4, None) is cursor
+    assert int(blocks.cursor(BLOCK, 0, None)) == 0
 
 
 @pytest.mark.parametrize("k", [1, 2])

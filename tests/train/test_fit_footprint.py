@@ -133,3 +133,35 @@ def test_shuffled_data_is_placed_once_and_not_kept_on_the_host(placed):
     assert arrays_x.sharding.is_fully_replicated
     np.testing.assert_array_equal(np.asarray(arrays_x), x)
     assert len(history.history["loss"]) == 2
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_windows_across_the_datas_end_compile_one_program(compiled, k):
+    # repeat().batch() over rows that do not split into batches reads windows across the
+    # data's end after its first pass. Read ahead, every batch is a window from the first:
+    # one train program for the whole run (blocks first would compile a second at the
+    # second epoch), and the data placed once.
+    model, batch = _model(k=k)
+    x, y = _data(batch * 5 + 3)
+    ds = phalanx.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+    compiled.clear()
+    history = model.fit(ds, epochs=4, steps_per_epoch=4, verbose=0)
+    assert compiled.count("jit(call)") == 1, compiled
+    assert history.history["host_to_device_mib"][1:] == [0.0] * 3
+
+
+def test_read_ahead_windows_give_way_to_blocks_on_the_same_data(compiled):
+    # The same read-only arrays, placed once, read by another pipeline in the next call:
+    # batch().repeat() ends each pass with a partial batch, which turns the windows off.
+    model, batch = _model(k=4)
+    x, y = _data(batch * 5 + 3)
+    x.flags.writeable = y.flags.writeable = False
+    data = phalanx.data.Dataset.from_tensor_slices((x, y))
+    model.fit(data.repeat().batch(batch), epochs=2, steps_per_epoch=4, verbose=0)
+    got = model.fit(data.batch(batch).repeat(), epochs=3, steps_per_epoch=4, verbose=0)
+    want_model, _ = _model(k=4)
+    want_model.fit(data.repeat().batch(batch), epochs=2, steps_per_epoch=4, verbose=0)
+    want = want_model.fit(
+        data.batch(batch).repeat(), epochs=3, steps_per_epoch=4, verbose=0, device_data=False
+    )
+    np.testing.assert_allclose(got.history["loss"], want.history["loss"], rtol=1e-6)

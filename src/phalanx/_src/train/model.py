@@ -134,8 +134,8 @@ class Model(Exportable):
           metrics: Keras metric names ('accuracy', ...) or `phalanx.metrics` objects; per
             output, a dict `{output: [metrics]}` or a list with one entry per output
             (logged as `{output}_{metric}`).
-          steps_per_execution: K optimizer steps per compiled call (K batches in one
-            `lax.scan`); batch-level callbacks then fire every K steps. 'auto' picks K.
+          steps_per_execution: K steps per call (one `lax.scan`); batch callbacks then fire
+            every K steps. 'auto': K <= 50, scan or single calls, whichever times faster.
           gradient_accumulation_steps: k batches per optimizer update; the update equals one
             step on the k batches together.
           precision: 'float32', 'mixed_bfloat16' or 'mixed_float16' (dynamic loss scaling);

@@ -138,7 +138,11 @@ class Engine:
         """
         if self._tree is None and self._leaves is not None:
             packing = self._packing
-            self._tree = jax.tree.unflatten(packing.treedef, packing.leaves(self._leaves))
+            with self.transfers.door() as door:  # the scalars, split on the host and placed
+                leaves = packing.leaves(self._leaves)
+                kept = {id(a) for a in self._leaves}
+                door([a for a in leaves if id(a) not in kept])
+            self._tree = jax.tree.unflatten(packing.treedef, leaves)
         return self._tree
 
     @state.setter
@@ -148,8 +152,14 @@ class Engine:
         self.last_logs = None  # logs belong to the metric sums they were computed from
 
     def update_state(self, **parts: Any) -> None:
-        """Replaces some of the state's parts (e.g. `opt=...`), placed as the state is."""
-        self.state = {**self.state, **self.strategy.place_train_state(parts)}
+        """Replaces some of the state's parts (e.g. `opt=...`), placed as the state is (what
+        comes from the host through the ledger's door)."""
+        state = self.state
+        with self.transfers.door() as door:
+            placed = self.strategy.place_train_state(parts)
+            host = [not isinstance(a, jax.Array) for a in jax.tree.leaves(parts)]
+            door([a for a, h in zip(jax.tree.leaves(placed), host, strict=True) if h])
+        self.state = {**state, **placed}
 
     def leaves(self) -> tuple[list, Packing]:
         """`(packed leaves, packing)` of the training state, as the compiled calls take it."""
@@ -213,12 +223,13 @@ class Engine:
             repl = self.strategy.replicated_sharding
             # Placed from the host: nothing to compile before the first step (a weakly
             # typed sum keeps its type, so the calls see the signature they compiled for).
-            zeros = [
-                jnp.zeros_like(m)
-                if getattr(m, "weak_type", False)
-                else self.transfers.placed(_replicate(np.zeros(m.shape, m.dtype), repl))
-                for m in leaves[:n]
-            ]
+            with self.transfers.door() as door:
+                zeros = [
+                    door(jnp.zeros_like(m))
+                    if getattr(m, "weak_type", False)
+                    else door(_replicate(np.zeros(m.shape, m.dtype), repl))
+                    for m in leaves[:n]
+                ]
             made = self.cache["zero_metrics"] = (packing, zeros)
         self.set_leaves([*made[1], *leaves[n:]])
 

@@ -4,7 +4,9 @@
 batches). On XLA:CPU a convolution inside a loop body misses the fast path and runs ~22x
 slower per step (stack-facts section 9), so there, when the step contains a convolution,
 the K steps are dispatched as single compiled calls instead; logs are still fetched only
-every K steps. Either way the model never runs slower than with K = 1.
+every K steps. With `steps_per_execution='auto'` the first training calls also time the
+two ways (`feeding.trial`) and keep the faster, so a step never runs slower than with
+K = 1 for a trap this rule does not know.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from phalanx._src.train.engine.packing import Packing
 
 SCAN, LOOP = "scan", "loop"
+BLOCK, WINDOW = "block", "window"  # the positions of in-order resident data (`feeding.blocks`)
 
 
 def _with_source(step: Callable, source: Any) -> Callable:
@@ -46,7 +50,46 @@ def _next(cursor: jax.Array | None) -> jax.Array | None:
     return None if cursor is None else cursor + 1
 
 
-def _jit_phase(engine: Engine, phase: str, many: bool, packing: Packing) -> Callable:
+def _cycled(step: Callable, cycle: tuple, data_sharding: Any) -> Callable:
+    """`step` over in-order resident data: `(state, data, masks, cursor) -> (state, cursor)`.
+
+    `cycle` is `((BLOCK,), steps)`: `data` holds every block as `(P, rows, ...)` arrays and
+    step j reads `data[c]` (and `masks[c]`, None for full batches), advancing `c` mod P; or
+    `((WINDOW, rows), steps)`: `data` is the source replicated, and each step gathers rows
+    `c, c+1, ... mod N` (split over the replicas: each device gathers its own rows),
+    advancing `c` by `rows` mod N. The position is a device scalar carried through the
+    steps, so a call needs nothing from the host (see `feeding.blocks`).
+    """
+    (kind, *rows), steps = cycle
+
+    def pick(data: Any, masks: Any, c: jax.Array) -> tuple[Any, Any, jax.Array]:
+        if kind == BLOCK:
+            period = jax.tree.leaves(data)[0].shape[0]
+            take = functools.partial(lax.dynamic_index_in_dim, index=c, keepdims=False)
+            mask = None if masks is None else take(masks)
+            return jax.tree.map(take, data), mask, (c + 1) % period
+        (size,) = rows
+        period = jax.tree.leaves(data)[0].shape[0]
+        index = (c + lax.iota(jnp.int32, size)) % period
+        index = lax.with_sharding_constraint(index, data_sharding)
+        return jax.tree.map(lambda a: a[index], data), None, (c + size) % period
+
+    def run(state: dict, data: Any, masks: Any, c: jax.Array) -> tuple[dict, jax.Array]:
+        def one(carry: tuple, _: Any) -> tuple[tuple, None]:
+            state, c = carry
+            batch, mask, c = pick(data, masks, c)
+            return (step(state, batch, mask), c), None
+
+        if steps == 1:
+            return one((state, c), None)[0]
+        return lax.scan(one, (state, c), None, length=steps)[0]
+
+    return run
+
+
+def _jit_phase(
+    engine: Engine, phase: str, many: bool, packing: Packing, cycle: tuple | None = None
+) -> Callable:
     """The phase's compiled call on the state's packed leaves (see `Engine.state`).
 
     Train: `(metric leaves, other leaves, source, batch, mask, cursor) -> (metric leaves,
@@ -54,7 +97,8 @@ def _jit_phase(engine: Engine, phase: str, many: bool, packing: Packing) -> Call
     `(metric leaves, logs, cursor)`, nothing donated. No call donates the metric sums (a few
     bytes: donating them saves nothing), so `feed.reset_metrics` puts in one set of zeros
     every time. `cursor` is None for a batch given directly, or the device-side index of the
-    call's entry in a `Table`.
+    call's entry in a `Table`; with a `cycle` (see `_cycled`), `batch` is the in-order data
+    on the devices, `mask` its masks, and `cursor` the position the call starts at.
     """
     steps = engine.steps
     repl = engine.strategy.replicated_sharding
@@ -63,21 +107,26 @@ def _jit_phase(engine: Engine, phase: str, many: bool, packing: Packing) -> Call
 
     def run(step: Callable, metrics: list, others: list, source, batch, mask, cursor):
         state = jax.tree.unflatten(treedef, packing.unpack([*metrics, *others]))
-        batch, mask = _pick(batch, mask, cursor)
-        one = _with_source(step, source)
-        state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
+        if cycle is not None:
+            data = engine.strategy.data_sharding
+            state, cursor = _cycled(step, cycle, data)(state, batch, mask, cursor)
+        else:
+            batch, mask = _pick(batch, mask, cursor)
+            one = _with_source(step, source)
+            state = (scanned(one, unroll=False) if many else one)(state, batch, mask)
+            cursor = _next(cursor)
         logs = log_values(steps.metrics_graphdef, state["metrics"])
-        return state, logs
+        return state, logs, cursor
 
     if phase == "train":
 
         def call(metrics, others, source, batch, mask, cursor):
-            state, logs = run(steps.train, metrics, others, source, batch, mask, cursor)
+            state, logs, cursor = run(steps.train, metrics, others, source, batch, mask, cursor)
             out, out_def = jax.tree.flatten(state)
             if out_def != treedef:
                 raise TypeError(f"the train step changed the state's structure: {out_def}")
             out = packing.pack(out)
-            return out[:n], out[n:], logs, _next(cursor)
+            return out[:n], out[n:], logs, cursor
 
         # The state keeps its layout: replicated, or sharded by Strategy(state_sharding=...).
         state = engine.abstract_state()  # shapes only: reading `state` would unpack it
@@ -89,19 +138,22 @@ def _jit_phase(engine: Engine, phase: str, many: bool, packing: Packing) -> Call
         return jax.jit(call, donate_argnums=1, out_shardings=out_shardings)
 
     def call_test(metrics, others, source, batch, mask, cursor):
-        state, logs = run(steps.test, metrics, others, source, batch, mask, cursor)
+        state, logs, cursor = run(steps.test, metrics, others, source, batch, mask, cursor)
         out = packing.pack(jax.tree.leaves(state))
-        return out[:n], logs, _next(cursor)
+        return out[:n], logs, cursor
 
     return jax.jit(call_test, out_shardings=(repl, repl, repl))
 
 
-def compiled(engine: Engine, phase: str, many: bool, packing: Packing) -> Callable:
-    """The phase's compiled call for a state packed by `packing` (cached by the engine)."""
-    key = (phase, many)
+def compiled(
+    engine: Engine, phase: str, many: bool, packing: Packing, cycle: tuple | None = None
+) -> Callable:
+    """The phase's compiled call for a state packed by `packing` (cached by the engine);
+    `cycle`: over in-order resident data, see `_cycled`."""
+    key = (phase, many) if cycle is None else (phase, many, cycle)
     fn = engine.cache.get(key)
     if fn is None or engine.cache.get(("packing", *key)) != packing:
-        fn = engine.cache[key] = _jit_phase(engine, phase, many, packing)
+        fn = engine.cache[key] = _jit_phase(engine, phase, many, packing, cycle)
         engine.cache[("packing", *key)] = packing
     return fn
 

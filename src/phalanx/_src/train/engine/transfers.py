@@ -15,12 +15,20 @@ outputs) records what crossed, here.
 `host_to_device_arrays`, `device_to_host_mib` and `device_to_host_arrays`. `Engine`
 keeps one `Transfers` for the model's life (`engine.transfers.total`).
 
+phalanx makes its copies to the devices through a `Door` (`ledger.door()`): made inside
+`with door:` and recorded by `door(tree)`. Inside it they pass a user's
+`jax.transfer_guard_host_to_device` (JAX's guards are per thread), so a guard set around
+`fit` raises on any other copy, and only on those: the ledger's record is complete when a
+guarded run goes through (issue 43, `tests/train/test_transfers.py`).
+
 Example:
   >>> ledger = Transfers()
   >>> epoch = ledger.begin()                 # later records go to `epoch` and the total
   >>> ledger.placed(jax.device_put(np.zeros(1024, np.float32)))
   >>> epoch.logs()["host_to_device_mib"]
   0.00390625
+  >>> with ledger.door() as door:          # a copy that passes a transfer guard, recorded
+  ...     door(jax.device_put(np.zeros(4, np.float32)))
 """
 
 from __future__ import annotations
@@ -124,6 +132,10 @@ class Transfers:
                 counts.device_to_host_bytes += d2h
                 counts.device_to_host_arrays += d2h_n
 
+    def door(self, into: Counts | None = None) -> Door:
+        """phalanx's way to the devices: see `Door`."""
+        return Door(self, into)
+
     def placed(self, tree: Any, into: Counts | None = None) -> Any:
         """Records the `jax.Array` leaves of `tree` as just placed from the host; returns
         `tree`."""
@@ -154,3 +166,36 @@ class Transfers:
         if arrays:
             self._add(into, 0, 0, sum(read_bytes(a) for a in arrays), len(arrays))
         return tree
+
+
+class Door:
+    """Where phalanx's own copies from the host cross: made inside `with door:`, they pass a
+    user's `jax.transfer_guard_host_to_device` (this thread's), and `door(tree)` records
+    them in the ledger (`into` a window, or the current one).
+
+    Example:
+      >>> with engine.transfers.door() as door:
+      ...     batch = door(jax.device_put(host_batch, sharding))
+    """
+
+    def __init__(self, ledger: Transfers, into: Counts | None = None) -> None:
+        self._ledger = ledger
+        self._into = into
+        self._guards: list = []
+
+    def __enter__(self) -> Door:
+        guard = jax.transfer_guard_host_to_device("allow")
+        guard.__enter__()
+        self._guards.append(guard)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._guards.pop().__exit__(*exc)
+
+    def __call__(self, tree: Any) -> Any:
+        """Records `tree`'s arrays as placed from the host; returns `tree`."""
+        return self._ledger.placed(tree, self._into)
+
+    def pair(self, pair: tuple[Any, Any], seen: dict[int, Any]) -> tuple[Any, Any]:
+        """`Transfers.placed_pair` into this door's window."""
+        return self._ledger.placed_pair(pair, seen, self._into)

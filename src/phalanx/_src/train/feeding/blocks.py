@@ -1,259 +1,255 @@
-"""`Blocks`: in-order batches of device-resident data, placed once and taken whole.
+"""`Blocks`: device-resident data read in order, placed once, indexed inside the calls.
 
-Data batched in order without a shuffle reads rows `[j*B, (j+1)*B)` as batch j. Such
-batches go to the training step as blocks of their own, as a hand-written loop passes its
-batch i, instead of being gathered from a replicated source by row number (the gather
-copies every batch once more in each step, 4-5 % of the MLP's step on XLA:CPU, issue 9).
+Data batched without a shuffle reads consecutive rows: each batch is `B` rows `[s, s + B)`
+of the data read round and round (mod `N`, its length), or the partial last batch
+`[S*B, N)` (`S = N // B` whole batches). Training calls take such batches from data placed
+once per `fit` (issue 35) and read inside the compiled call at a cursor the call advances
+(issue 43): nothing is assembled or cut per call, and nothing crosses from the host after
+the first placement, whatever the epochs' lengths. A batch's position is one of:
 
-The data crosses to the devices once per `fit` (issue 35). On the first lookup, the
-source arrays go over as a hand-written loop places them: one data-sharded array per
-batch, or per K consecutive batches from the first when the calls scan K steps (a
-`(K, B, ...)` block the scan takes as its `xs`), each a view of the caller's rows (no host
-copy); and the partial last batch, if any, as one `(B, ...)` block padded as the host
-pipeline pads it, with its mask. Calls that read those blocks take them as they are: one
-copy of the data on the devices, as the loop's. Any other in-order call (K batches across
-the data's end, when an epoch of `steps_per_epoch` batches starts mid-data, or single
-batches of a K-block) is cut on the devices from the whole data, which is assembled there
-from the placed blocks the first time one is needed (and replaces them): nothing crosses
-from the host again. Cut blocks are kept while they take no more device memory than one
-more copy of the source, and cut again each time after that: at most twice the data on
-the devices, as the replicated source and the blocks of the layout before took on one.
+- a *block*: batch `j < S` (rows `[j*B, (j+1)*B)`), or the padded last batch `j = S`. The
+  blocks are split over the replicas as a hand-written loop places its data, as one
+  `(P, B, ...)` array per leaf for a scan (`P = S`, plus the padded last batch at `S`):
+  step by step the call reads `body[c]` and advances `c` mod `P` (the fastest scan a JAX
+  user writes: whole data resident, dynamic index). Single-step calls (K = 1, and a convnet
+  on XLA:CPU, see `execution`) take one `(B, ...)` array per batch as their argument
+  instead: reading `body[c]` copies the batch, ~5 % of the MLP's step on XLA:CPU.
+- a *window*: `B` consecutive rows mod `N` that are not a block (`repeat().batch()` over
+  `N % B != 0` rows reads them after its first pass). A window takes rows from every
+  replica's share, so windows are gathered from the data replicated on every device, at a
+  row cursor each step advances by `B` mod `N`. Before the first epoch, one pass of row
+  numbers is read ahead (`look_ahead`, the iterator put back): when windows come, every
+  batch is read as a window from the first, so one layout and one compiled program serve
+  the run. When blocks were placed before windows came (an iterator that cannot be read
+  ahead), the replicated copy is assembled from them on the devices (`Source.assemble`):
+  the host's rows cross once.
 
-One process only (`BatchDistributor.is_full` is False otherwise), and only when a full
-batch fills every slot (the global batch splits evenly over the replicas).
+A layout changes on the devices when the calls change shape (`steps_per_execution='auto'`
+times single calls, then scans: `trial`), never by placing the data again.
+
+The padded last batch is padded as the host pipeline pads it (a pad repeats a real row)
+and comes with its mask, so the numbers are the host pipeline's. One process only
+(`BatchDistributor.is_full` is False otherwise), and only when a full batch fills every
+slot (the global batch splits evenly over the replicas).
 
 Example:
   >>> blocks = Blocks(source, strategy)
-  >>> blocks.lookup([np.arange(1024, 2048)], rows=1024)  # [(block 1's (x, y), None)]
+  >>> blocks.positions([np.arange(1024, 2048)], rows=1024)   # (BLOCK, [1])
+  >>> body, masks = blocks.body(1024, record)                 # (P, 1024, ...) per leaf
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+import contextlib
+import itertools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from phalanx._src.strategy import layout
 from phalanx._src.strategy.strategy import Strategy
+from phalanx._src.train.engine.execution import BLOCK, WINDOW
+from phalanx._src.train.engine.transfers import Door
+from phalanx._src.train.feeding import layouts
 
-Record = Callable[[Any], Any]
-
-
-class _Layout:
-    """The source on the devices for batches of `rows` rows: `placed` (blocks put from the
-    host, by key: `(-1, j)` batch j, `(j, ..., j+K-1)` K of them), the padded last batch
-    `tail` with its `mask` (None when S*B == length), and `body()`, every whole batch as
-    one `(S, B, ...)` array, assembled on the devices when first needed."""
-
-    def __init__(self, host: Any, rows: int, length: int, k: int | None, strategy: Strategy):
-        data = strategy.data_sharding
-        self._stacked = NamedSharding(data.mesh, PartitionSpec(None, *data.spec))
-        self.rows = rows
-        self.whole = length // rows  # S
-        groups = self.whole // k if k else 0
-
-        # From the host arrays (views: no host copy), or cut on the devices from the
-        # source already placed there (shuffled epochs before): nothing crosses then.
-        self.from_host = not isinstance(jax.tree.leaves(host)[0], jax.Array)
-
-        def put(first: int, count: int, sharding: NamedSharding, stack: bool) -> Any:
-            def one(a: Any) -> jax.Array:
-                view = a[first * rows : (first + count) * rows]
-                if stack:
-                    view = view.reshape(count, rows, *view.shape[1:])
-                return jax.device_put(view, sharding)
-
-            return jax.tree.map(one, host)
-
-        self.placed: dict[tuple[int, ...], Any] = {}
-        for g in range(groups):
-            key = tuple(range(g * k, (g + 1) * k))
-            self.placed[key] = put(g * k, k, self._stacked, True)
-        for j in range(groups * k if k else 0, self.whole):
-            self.placed[(-1, j)] = put(j, 1, data, False)
-        self.tail = self.mask = None
-        cut = self.whole * rows
-        if length > cut:
-            # The host pipeline's padding (a pad repeats a real row), so the numbers match.
-            index, mask = layout.padded_index(length - cut, 1, rows)
-            take = np.take if self.from_host else jnp.take
-            self.tail = jax.tree.map(
-                lambda a: jax.device_put(take(a[cut:], index, axis=0), data), host
-            )
-            self.mask = jax.device_put(mask, data)
-        self._body: Any = None
-        self._masks: dict[tuple[int, int], jax.Array] = {}
-
-    def crossed(self) -> list[Any]:
-        """What was put from the host (for the ledger)."""
-        blocks = [*self.placed.values(), self.tail] if self.from_host else []
-        return [t for t in (*blocks, self.mask) if t is not None]
-
-    def body(self) -> Any:
-        """The whole batches as one `(S, B, ...)` array per leaf, assembled on the devices
-        from the placed blocks (in batch order) the first time it is asked for."""
-        if self._body is None:
-            keys = sorted(self.placed, key=lambda key: key[-1])
-            grouped = tuple(key[0] != -1 for key in keys)
-            self._body = _assemble(self._stacked, grouped)([self.placed[key] for key in keys])
-            # The body holds the same rows: the placed blocks go (their calls cut them from
-            # it like any other), so the data is on the devices once, plus the cut blocks.
-            self.placed.clear()
-        return self._body
-
-    def group_mask(self, k: int, at: int, record: Record | None) -> jax.Array:
-        """The `(k, rows)` mask of a group whose batch `at` is the partial last one."""
-        key = (k, at)
-        mask = self._masks.get(key)
-        if mask is None:
-            host = np.ones((k, self.rows), dtype=bool)
-            host[at] = np.asarray(self.mask)  # (one small read of the placed mask)
-            mask = self._masks[key] = jax.device_put(host, self._stacked)
-            if record is not None:
-                record(mask)
-        return mask
+LOOK_AHEAD = 100_000  # batches read ahead at most, to see whether windows come
 
 
 class Blocks:
-    """The source's in-order batches as device blocks; see the module docstring.
+    """The source's in-order batches on the devices; see the module docstring.
 
     Args:
-      source: the `device_data.Source` whose host arrays the blocks hold.
+      source: the `device_data.Source` whose rows the batches hold.
       strategy: whose devices hold them.
     """
 
     def __init__(self, source: Any, strategy: Strategy) -> None:
         self._source = source
-        leaves = jax.tree.leaves(source.spec)
-        self._length = int(leaves[0].shape[0])
-        self._bytes_per_row = sum(a.dtype.itemsize * a.size for a in leaves) // max(self._length, 1)
-        self._budget = self._bytes_per_row * self._length  # one more copy of the source at most
-        self._made: dict[tuple[int, ...], Any] = {}
+        self._length = int(jax.tree.leaves(source.spec)[0].shape[0])  # N
         self._strategy = strategy
-        self._layout: _Layout | None = None
+        data = strategy.data_sharding
+        self._data = data
+        self._stacked = NamedSharding(data.mesh, PartitionSpec(None, *data.spec))
+        self._rows: int | None = None  # B, once placed
+        self._layout: dict[str, Any] = {}  # "body", "masks", "batches", "tail_mask"
+        self._cursors: dict[str, tuple[int, jax.Array]] = {}  # kind: (position, on device)
+        self._ahead: tuple[int, bool] | None = None  # (rows, whether windows come)
 
     @property
     def rows(self) -> int | None:
-        """The rows of a batch, once the data is placed (None before)."""
-        return None if self._layout is None else self._layout.rows
+        """The rows of a batch, once blocks are placed (None before)."""
+        return self._rows
 
-    def _index(self, batch: Any, rows: int) -> int | None:
-        """Batch j when `batch` holds rows `[j*rows, (j+1)*rows)`, or the partial last
-        batch's rows; else None."""
-        batch = np.asarray(batch)
-        if batch.ndim != 1 or not batch.size:
-            return None
-        start, size = int(batch[0]), int(batch.size)
-        if start % rows or start + size > self._length:
-            return None
-        if size != rows and (size > rows or start + size != self._length):
-            return None
-        if int(batch[-1]) != start + size - 1 or not np.array_equal(
-            batch, np.arange(start, start + size, dtype=batch.dtype)
-        ):
-            return None
-        return start // rows
+    def padded(self, rows: int) -> bool:
+        """Whether batches of `rows` rows end with a padded partial batch (block `P - 1`)."""
+        return self._length % rows > 0
 
-    def lookup(
-        self, batches: list[Any], rows: int, k: int | None = None, record: Record | None = None
-    ) -> list[tuple[Any, jax.Array | None]] | None:
-        """The calls' `(block, mask)` inputs for `batches` (row numbers), or None when any
-        batch is not a block in order.
+    def period(self, kind: str, rows: int) -> int:
+        """Positions before a cursor of `kind` comes back: `P` blocks, or `N` rows."""
+        whole, tail = divmod(self._length, rows)
+        return whole + (tail > 0) if kind == BLOCK else self._length
 
-        `k=None`: one `(rows, ...)` block per batch. `k`: one `(k, rows, ...)` block per k
-        consecutive batches. The mask is None, or the partial last batch's. `record` (the
-        ledger's) is given what crosses from the host: the layout, on the first call.
-        """
-        n = len(batches)
-        if not n or rows <= 0 or (k is not None and n % k):
-            return None
-        index = [self._index(b, rows) for b in batches]
-        if any(j is None for j in index):
-            return None
-        placed = self._placed(rows, k, record)
-        if placed is None:
-            return None
-        if k is None:
-            return [(self._block((j,)), placed.mask if j == placed.whole else None) for j in index]
-        out = []
-        for at in range(0, n, k):
-            group = tuple(index[at : at + k])
-            tail = [i for i, j in enumerate(group) if j == placed.whole]
-            mask = placed.group_mask(k, tail[0], record) if tail else None
-            out.append((self._block(group, k), mask))
-        return out
+    # ---- where batches are -------------------------------------------------------------------
+    def look_ahead(self, iterator: Any) -> None:
+        """Reads the row numbers of one pass over the data ahead, to tell whether windows
+        will come (then every full batch is read as a window from the first: one layout and
+        one compiled program, where blocks first would compile a second for the windows once
+        the first pass ends); once per batch size. The iterator is put back where it was
+        (`get_state` / `set_state`); one without them, or data over `LOOK_AHEAD` batches,
+        is not read ahead (blocks first, then windows, as they come). A partial batch among
+        batches read as windows turns the windows off (another pipeline over the same
+        placed data: `reuse`)."""
+        if not all(hasattr(iterator, a) for a in ("get_state", "set_state", "next_many")):
+            return
+        state = iterator.get_state()
+        try:
+            first = iterator.next_many(1)
+            rows = int(np.size(first[0])) if first else 0
+            if not rows or (self._ahead is not None and self._ahead[0] == rows):
+                return
+            self._ahead = (rows, False)
+            if self._positions(first, rows, False) is None:
+                return  # shuffled, or not row numbers in order: nothing to look for
+            if self._length // rows + 1 > LOOK_AHEAD:
+                return
+            ahead = first + iterator.next_many(self._length // rows + 1)
+            found = [self._positions([b], rows, False) for b in ahead]
+            self._ahead = (rows, any(f is not None and f[0] == WINDOW for f in found))
+        finally:
+            iterator.set_state(state)
 
-    def _placed(self, rows: int, k: int | None, record: Record | None) -> _Layout | None:
+    def positions(self, batches: list[Any], rows: int) -> tuple[str, list[int]] | None:
+        """`(BLOCK, batch numbers)` or `(WINDOW, first rows)` when `batches` (row numbers)
+        are consecutive in order, each a block or each a full window; else None. Full
+        batches are windows when windows come (`look_ahead`)."""
+        if self._ahead == (rows, True):
+            found = self._positions(batches, rows, True)
+            if found is not None or all(np.size(b) == rows for b in batches):
+                return found
+            self._ahead = (rows, False)  # a partial batch: this pipeline reads blocks
+        return self._positions(batches, rows, False)
+
+    def _positions(
+        self, batches: list[Any], rows: int, windows: bool
+    ) -> tuple[str, list[int]] | None:
+        n = self._length
+        if n < rows or not batches:
+            return None
+        whole, tail = divmod(n, rows)
+        spans = [_span(np.asarray(b), n, rows, whole * rows) for b in batches]
+        if any(s is None for s in spans):
+            return None
+        if not windows and all(s % rows == 0 and (s + size <= n) for s, size in spans):
+            index = [s // rows for s, _ in spans]
+            if _consecutive(index, 1, whole + (tail > 0)):
+                return BLOCK, index
+        if all(size == rows for _, size in spans):
+            starts = [s for s, _ in spans]
+            if _consecutive(starts, rows, n):
+                return WINDOW, starts
+        return None
+
+    # ---- the placed data -----------------------------------------------------------------------
+    def body(self, rows: int, record: Door | None) -> tuple[Any, jax.Array | None]:
+        """`(body, masks)`: every block as one `(P, rows, ...)` array per leaf, and the
+        `(P, rows)` masks (None without a partial last batch); placed on the first call."""
+        self._place(rows, True, record)
+        return self._layout["body"], self._layout.get("masks")
+
+    def batch(self, j: int, rows: int, record: Door | None) -> tuple[Any, jax.Array | None]:
+        """Block `j` as a `(rows, ...)` array per leaf, with its mask (None unless it is the
+        padded last batch); the blocks are placed on the first call."""
+        self._place(rows, False, record)
+        batches = self._layout["batches"]
+        return batches[j], (self._layout.get("tail_mask") if j == len(batches) - 1 else None)
+
+    def flat(self, record: Door | None) -> Any:
+        """The source replicated on every device (for windows): assembled from the blocks
+        on the devices when they are there, else placed from the host (`record`ed)."""
+        return self._source.arrays(record)
+
+    def _place(self, rows: int, stacked: bool, record: Door | None) -> None:
+        """Lays the blocks out for batches of `rows` rows (a body for scans, else one array
+        per batch), unless they already are."""
+        have, other = ("body", "batches") if stacked else ("batches", "body")
+        if self._rows == rows and have in self._layout:
+            return
+        if self._rows == rows and other in self._layout:  # the other shape: restacked there
+            made = self._layout
+            made[have] = layouts.restack(stacked, self._stacked if stacked else self._data)(
+                made.pop(other)
+            )
+            mask = made.pop("tail_mask" if stacked else "masks", None)
+            if mask is not None:
+                count = self.period(BLOCK, rows)
+                on = self._stacked if stacked else self._data
+                made["masks" if stacked else "tail_mask"] = layouts.restack_masks(
+                    stacked, count, on
+                )(mask)
+            return
+        host = self._source.host
+        if host is None:  # replicated for gathers (or from these blocks): cut from there
+            host = self._source.arrays()
+        self._layout = {}  # (another batch size: its device memory first)
+        self._cursors = {}
+        self._rows = rows
+        with record or contextlib.nullcontext():  # (the ledger's door: see `Door`)
+            made = layouts.lay_out(host, rows, self._length, stacked, self._data, self._stacked)
+        self._layout = made["layout"]
+        if record is not None and made["crossed"]:
+            record(made["crossed"])
+        # Windows and gathers read the data replicated: assembled from these blocks.
+        self._source.assemble = self._replicated
+
+    def _replicated(self) -> Any:
         made = self._layout
-        if made is None or made.rows != rows:  # (another call's batch size: a new layout)
-            if self._length < rows:  # no whole batch: the gather serves it
-                return None
-            self._layout = self._made = None  # (their device memory first)
-            host = self._source.host
-            if host is None:  # placed for a gather: cut on the devices from there
-                host = self._source.arrays()
-            made = self._layout = _Layout(host, rows, self._length, k, self._strategy)
-            self._made = {}
-            self._budget = self._bytes_per_row * self._length
-            if record is not None:
-                record(made.crossed())
-        return made
+        parts = made["body"] if "body" in made else made["batches"]
+        tail = self._length % self._rows
+        flatten = layouts.flatten(self._strategy.replicated_sharding, tail, "body" in made)
+        return flatten(parts)
 
-    def _block(self, group: tuple[int, ...], k: int | None = None) -> Any:
-        key = group if k is not None else (-1, *group)
-        made = self._layout
-        block = made.placed.get(key, self._made.get(key))
-        if block is not None:
-            return block
-        if k is None and group[0] == made.whole:
-            return made.tail
-        block = _cut(self._strategy.data_sharding, k)(made.body(), made.tail, np.asarray(group))
-        size = made.rows * (k or 1) * self._bytes_per_row
-        if size <= self._budget:
-            self._budget -= size
-            self._made[key] = block
-        return block
+    # ---- the device cursors ------------------------------------------------------------------
+    def cursor(self, kind: str, position: int, record: Door | None) -> jax.Array:
+        """A device cursor at `position` (a batch number or a first row): the one the last
+        call returned when it is there, made on the devices from the other kind's when it
+        points at the same rows (a block's first row is a window's start), else placed
+        (a scalar, `record`ed: the position jumped, e.g. a new `fit` call)."""
+        at = self._cursors.get(kind)
+        if at is not None and at[0] == position:
+            return at[1]
+        rows = self._rows
+        other = self._cursors.get(WINDOW if kind == BLOCK else BLOCK)
+        if other is not None and rows is not None:
+            seen, cursor = other
+            if (kind == WINDOW and position == seen * rows) or (
+                kind == BLOCK and seen == position * rows
+            ):
+                return layouts.convert(self._strategy.replicated_sharding, rows, kind)(cursor)
+        with record or contextlib.nullcontext():
+            cursor = jax.device_put(np.int32(position), self._strategy.replicated_sharding)
+        return cursor if record is None else record(cursor)
 
-
-@functools.cache
-def _assemble(stacked: NamedSharding, grouped: tuple[bool, ...]) -> Callable:
-    """`[block, ...] -> (S, B, ...)`: blocks in batch order, each one batch `(B, ...)` or
-    (`grouped`) K of them `(K, B, ...)`, as one array per leaf (compiled once per
-    sharding and structure)."""
-
-    def assemble(blocks: list) -> Any:
-        def join(*leaves: jax.Array) -> jax.Array:
-            parts = [a if g else a[None] for a, g in zip(leaves, grouped, strict=True)]
-            return jnp.concatenate(parts, axis=0)
-
-        return jax.tree.map(join, *blocks)
-
-    return jax.jit(assemble, out_shardings=stacked)
+    def moved(self, kind: str, position: int, cursor: jax.Array) -> None:
+        """Notes the cursor a call returned, at `position`."""
+        self._cursors[kind] = (position, cursor)
 
 
-@functools.cache
-def _cut(data: NamedSharding, k: int | None) -> Callable:
-    """`(body, tail, batch numbers) -> block`: the compiled cut, one per sharding and K for
-    the process (a later `fit` call does not trace and compile it again). Batch number S
-    (one past `body`) is the padded last batch, `tail`."""
-    spec = data.spec if k is None else PartitionSpec(None, *data.spec)
+def _span(batch: np.ndarray, n: int, rows: int, cut: int) -> tuple[int, int] | None:
+    """`(first row, size)` of a batch of consecutive rows mod `n`: `rows` of them, or the
+    partial last batch `[cut, n)`; else None."""
+    if batch.ndim != 1 or not batch.size:
+        return None
+    start, size = int(batch[0]), int(batch.size)
+    if size != rows and (start != cut or size != n - cut):
+        return None
+    if not 0 <= start < n:
+        return None
+    expect = np.arange(start, start + size, dtype=np.int64)
+    if start + size > n:
+        expect %= n
+    return (start, size) if np.array_equal(batch, expect) else None
 
-    def take(body: Any, tail: Any, group: jax.Array) -> Any:
-        def one(b: jax.Array, t: jax.Array | None) -> jax.Array:
-            whole = b.shape[0]
-            picked = jnp.take(b, jnp.minimum(group, whole - 1), axis=0)
-            if t is not None:
-                is_tail = (group == whole).reshape(-1, *([1] * (picked.ndim - 1)))
-                picked = jnp.where(is_tail, t[None], picked)
-            return picked[0] if k is None else picked
 
-        if tail is None:
-            return jax.tree.map(lambda b: one(b, None), body)
-        return jax.tree.map(one, body, tail)
-
-    return jax.jit(take, out_shardings=NamedSharding(data.mesh, spec))
+def _consecutive(values: list[int], step: int, period: int) -> bool:
+    return all((a + step) % period == b for a, b in itertools.pairwise(values))

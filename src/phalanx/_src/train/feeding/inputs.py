@@ -6,7 +6,9 @@ A `Runner` makes them from groups of host batches:
 - `FromTable`: the next calls' entries in a `Table`, the row numbers of ~128 steps sent to
   the devices in one copy, read inside the call at a device-side cursor;
 - `Resident`: batches already on the devices as arrays of their own (`blocks.Blocks`),
-  taken directly, with no gather (and no mask but the padded last batch's).
+  taken directly, with no gather (and no mask but the padded last batch's);
+- `Cycled`: calls that read device-resident data in order (`blocks.Blocks`) inside the
+  compiled call, at a cursor kept on the devices: nothing crosses per call.
 
 Example:
   >>> table = Table(rows, mask, zero_cursor(engine))
@@ -42,6 +44,19 @@ class Resident:
 
     batches: list
     masks: list
+
+
+@dataclasses.dataclass(frozen=True)
+class Cycled:
+    """Calls on in-order resident data (`blocks.Blocks`): `kind` (`BLOCK` or `WINDOW`),
+    the position of the first batch, `steps` per call (1, or K in one scan), batches of
+    `rows` rows, and per call whether its batches are all full (no mask)."""
+
+    kind: str
+    start: int
+    steps: int
+    rows: int
+    full: tuple[bool, ...]
 
 
 @dataclasses.dataclass(frozen=True)

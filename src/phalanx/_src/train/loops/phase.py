@@ -133,6 +133,8 @@ def run_phase(
     taken = 0 if ahead is None else ahead.batches
     groups = Groups(iterator, k, None if limit is None else limit - taken)
     runner = Runner(engine, phase, k, distributor, source, blocks)
+    if blocks is not None and phase == "train" and resident:
+        blocks.look_ahead(iterator)  # (once: whether windows come, see `Blocks`)
     begin_hook = callbacks.batch_hook(phase, "begin")
     end_hook = callbacks.batch_hook(phase, "end")
     interval = callbacks.batch_logs_interval(phase)

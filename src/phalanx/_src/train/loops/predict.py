@@ -60,7 +60,8 @@ def predict(
     ledger, masks = engine.transfers, {}  # what crosses, counted (`engine.transfers`)
 
     def arrays(host: Any) -> tuple[Any, Any]:
-        return ledger.placed_pair(distributor.arrays(host), masks)
+        with ledger.door() as door:  # (through the ledger: see `transfers.Door`)
+            return door.pair(distributor.arrays(host), masks)
 
     def put(group: list[Any]) -> tuple[list[tuple[Any, Any, Any, list[int]]], int]:
         """A group's calls `(fn, device batch, mask, real rows)` and its batch count."""
@@ -70,7 +71,8 @@ def predict(
             batch, mask = arrays(group[0])
             mode[0] = execution.predict_mode(engine, None if source is None else source.spec, batch)
         if mode[0] == execution.SCAN:
-            batch, mask = ledger.placed_pair(distributor.stacked(group, k), masks)
+            with ledger.door() as door:
+                batch, mask = door.pair(distributor.stacked(group, k), masks)
             calls = [(execution.predict_fn(engine, many=True), batch, mask)]
         else:
             fn = execution.predict_fn(engine)
@@ -94,7 +96,7 @@ def predict(
                 if index % k == 0:
                     cbs.on_predict_batch_begin(index)
                 for fn, batch, mask, real in calls:
-                    placed = None if source is None else source.arrays(ledger.placed)
+                    placed = None if source is None else source.arrays(ledger.door())
                     pending.append((fn(engine.state, placed, batch), real, mask))
                 batches.advance()
                 index += n
