@@ -276,7 +276,7 @@ class Runner:
             cursor = self._cursor if tabled else None
             n = packing.metric_count
             metrics, others = leaves[:n], leaves[n:]
-            logs = None
+            logs = args = None
             watch = self._watch(mode, len(calls), steps)
             for at, (batch, mask) in enumerate(calls):
                 if watch is not None:
@@ -292,13 +292,7 @@ class Runner:
                     metrics, logs, cursor = fn(metrics, others, arrays, batch, mask, cursor)
             if tabled:
                 self._cursor = cursor
-            if watch is not None:
-                watch.after(logs[0])
-            if count and not flop_rate.known(engine):
-                flop_rate.count(engine, fn, args)
-            # The logs of these metric sums, for `feed.fetch_logs` (no second call needed).
-            engine.set_leaves([*metrics, *others], logs)
-            return logs[0]
+            return _settle(engine, watch, count and fn, args, [*metrics, *others], logs)
 
         return dispatch
 
@@ -351,11 +345,18 @@ class Runner:
                 args = (metrics, others, None, data, None if full else masks, cursor)
                 metrics, others, logs, cursor = fn(*args)
             blocks.moved(item.kind, end, cursor)
-            if watch is not None:
-                watch.after(logs[0])
-            if count and not flop_rate.known(engine):
-                flop_rate.count(engine, fn, args)
-            engine.set_leaves([*metrics, *others], logs)
-            return logs[0]
+            return _settle(engine, watch, count and fn, args, [*metrics, *others], logs)
 
         return dispatch
+
+
+def _settle(engine: Any, watch: Any, counted: Any, args: Any, leaves: list, logs: Any) -> Any:
+    """An item's end: its stopwatch stops, the first training call gives the FLOP count
+    (`counted`: its compiled function, or False), and the engine takes the new metric sums
+    and their logs (for `feed.fetch_logs`: no second call needed). Returns the tick."""
+    if watch is not None:
+        watch.after(logs[0])
+    if counted and not flop_rate.known(engine):
+        flop_rate.count(engine, counted, args)
+    engine.set_leaves(leaves, logs)
+    return logs[0]
