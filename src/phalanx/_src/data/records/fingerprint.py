@@ -21,6 +21,7 @@ given as a number is the user's: restoring at another is an error naming both
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from typing import Any
@@ -97,3 +98,27 @@ def restore(mine: dict, saved: Any, auto: bool) -> int | None:
         f"{saved_width}), or with num_parallel_reads=AUTOTUNE, which reads at the saved "
         "width whatever this machine's CPU count"
     )
+
+
+class OrderedFiles:
+    """`order_state` and `restore_order` for a record node (a dataclass) whose order its
+    `files`, `width` and `_order_of()` (compression, share) decide, and whose `cycle` and
+    `auto` say the width read with and whether it came from AUTOTUNE."""
+
+    def _order_of(self) -> tuple[str, Any]:
+        """(compression, this process's share) of the node's order."""
+        raise NotImplementedError
+
+    def order_state(self) -> dict:
+        """What decides this source's order, for iterator states (see `fingerprint`)."""
+        state = self.__dict__.get("_order_state")
+        if state is None:
+            state = order_state(self.files, *self._order_of(), self.width)
+            self.__dict__["_order_state"] = state
+        return state
+
+    def restore_order(self, saved: Any) -> Any:
+        """This node, or one reading at the saved width; raises if the order cannot be the
+        saved one (see `restore`)."""
+        width = restore(self.order_state(), saved, self.auto)
+        return self if width is None else dataclasses.replace(self, cycle=width)

@@ -115,7 +115,7 @@ class _Index:
 
 
 @dataclasses.dataclass(eq=False)
-class IndexedRecords(Node):
+class IndexedRecords(fingerprint.OrderedFiles, Node):
     """The records of uncompressed TFRecord files with random access: in file order, or
     in the order `cycle` interleaved files give (`interleave_order`) when `cycle` > 1
     (`auto`: the width came from num_parallel_reads=AUTOTUNE; see `fingerprint`)."""
@@ -156,19 +156,8 @@ class IndexedRecords(Node):
         gives the order of one as long)."""
         return max(1, min(self.cycle, len(self.files)))
 
-    def order_state(self) -> dict:
-        """What decides this source's order, for iterator states (see `fingerprint`)."""
-        state = self.__dict__.get("_order_state")
-        if state is None:
-            state = fingerprint.order_state(self.files, "", None, self.width)
-            self.__dict__["_order_state"] = state
-        return state
-
-    def restore_order(self, saved: Any) -> Node:
-        """This node, or one reading at the saved width; raises if the order cannot be the
-        saved one (see `fingerprint.restore`)."""
-        width = fingerprint.restore(self.order_state(), saved, self.auto)
-        return self if width is None else dataclasses.replace(self, cycle=width)
+    def _order_of(self) -> tuple[str, Any]:
+        return "", None
 
     def get(self, key: Key, positions: np.ndarray) -> Any:
         starts, offsets, lengths = self._records()

@@ -58,7 +58,7 @@ class Share:
 
 
 @dataclasses.dataclass(eq=False)
-class RecordFiles(Stream):
+class RecordFiles(fingerprint.OrderedFiles, Stream):
     """The records of `files` (bytes), read `cycle` files at a time (`auto`: the width
     came from num_parallel_reads=AUTOTUNE); see the module doc."""
 
@@ -84,19 +84,8 @@ class RecordFiles(Stream):
         gives the order of one as long)."""
         return max(1, min(self.cycle, len(self.own_files())))
 
-    def order_state(self) -> dict:
-        """What decides this source's order, for iterator states (see `fingerprint`)."""
-        state = self.__dict__.get("_order_state")
-        if state is None:
-            state = fingerprint.order_state(self.files, self.kind, self.share, self.width)
-            self.__dict__["_order_state"] = state
-        return state
-
-    def restore_order(self, saved: Any) -> Node:
-        """This node, or one reading at the saved width; raises if the order cannot be the
-        saved one (see `fingerprint.restore`)."""
-        width = fingerprint.restore(self.order_state(), saved, self.auto)
-        return self if width is None else dataclasses.replace(self, cycle=width)
+    def _order_of(self) -> tuple[str, Any]:
+        return self.kind, self.share
 
     def open(self, key: Key, state: dict | None) -> Any:
         return _RecordCursor(self, state)
