@@ -358,12 +358,13 @@ def decode_and_crop_jpeg(
     check_channels(channels, (0, 1, 3))
     fast = check_dct_method(dct_method)
     data = as_bytes(contents, "decode_and_crop_jpeg")
-    header = jpeg_header(data)
-    if header is not None and tj3.available():
-        check_window(y, x, h, w, header[0], header[1], "decode_and_crop_jpeg")
-        pixels = tj3.decode(data, channels, window, fast)
+    parsed = tj3.header(data) if tj3.available() else None
+    if parsed is not None:
+        check_window(y, x, h, w, parsed[0], parsed[1], "decode_and_crop_jpeg")
+        pixels = tj3.decode(data, channels, window, fast, parsed=parsed)
         if pixels is not None:
             return pixels
+    header = parsed[:3] if parsed is not None else jpeg_header(data)
     image = decode_jpeg_scaled(data, channels, fast_dct=fast, header=header)
     check_window(y, x, h, w, image.shape[0], image.shape[1], "decode_and_crop_jpeg")
     return image[y : y + h, x : x + w]

@@ -142,11 +142,15 @@ def _version(name: str) -> str:
 
 
 class _Handle:
-    """A TurboJPEG decompressor, destroyed with its owner."""
+    """A TurboJPEG decompressor with TF's upsampling, destroyed with its owner."""
 
     def __init__(self, library: ctypes.PyDLL) -> None:
         self._library = library
         self.value = library.tj3Init(_INIT_DECOMPRESS)
+        # TF's fancy_upscaling=True (TurboJPEG's default too, set once for certain).
+        if self.value and library.tj3Set(self.value, _FAST_UPSAMPLE, 0) != 0:
+            library.tj3Destroy(self.value)
+            self.value = None
 
     def __del__(self) -> None:
         if self.value:
@@ -162,7 +166,7 @@ class _Decompressor(threading.local):
     def get(self) -> int | None:
         if self.handle is None:
             self.handle = _Handle(_loaded[1])
-        return self.handle.value or None
+        return self.handle.value
 
 
 _decompressor = _Decompressor()
@@ -172,7 +176,8 @@ def header(data: bytes) -> tuple[int, int, int, int] | None:
     """(height, width, channels, TJSAMP) from the JPEG's header, the GIL kept (a few us).
 
     channels is 1 (grayscale) or 3 (YCbCr or RGB); None for what TurboJPEG cannot read or
-    what it does not decode here (CMYK, YCCK: the caller's fallback converts those).
+    what it does not decode here (CMYK, YCCK: the caller's fallback converts those). The
+    thread's decompressor keeps the header for a `decode` of the same bytes.
     """
     handle = _decompressor.get() if _loaded is not None else None
     if handle is None:
@@ -183,11 +188,10 @@ def header(data: bytes) -> tuple[int, int, int, int] | None:
     colorspace = held.tj3Get(handle, _COLORSPACE)
     if colorspace not in (_CS_RGB, _CS_YCBCR, _CS_GRAY):
         return None
-    channels = 1 if colorspace == _CS_GRAY else 3
     return (
         held.tj3Get(handle, _JPEG_HEIGHT),
         held.tj3Get(handle, _JPEG_WIDTH),
-        channels,
+        1 if colorspace == _CS_GRAY else 3,
         held.tj3Get(handle, _SUBSAMP),
     )
 
@@ -198,19 +202,23 @@ def decode(
     window: tuple[int, int, int, int] | None,
     fast_dct: bool,
     eighths: int = 8,
+    parsed: tuple[int, int, int, int] | None = None,
 ) -> np.ndarray | None:
     """The JPEG's pixels in `window` (y, x, height, width; None: all), or None.
 
     With `eighths` < 8 (1, 2 or 4) the image is decoded at eighths/8 scale in the DCT
     domain (sizes rounded up, as libjpeg's) and `window` is in that scaled image's pixels.
     `window` must lie inside the (scaled) image: the caller checks it. channels: 0 (the
-    file's own), 1 or 3. Returns a (height, width, channels) uint8 array, a view when the
-    window's x offset was not on an iMCU boundary; None where TurboJPEG is not loaded or
-    does not decode this file, so the caller falls back to a whole decode.
+    file's own), 1 or 3. `parsed` is `header(data)`'s result when the caller called it
+    last on this thread (the decompressor then holds the header; None: parsed here).
+    Returns a (height, width, channels) uint8 array, a view when the window's x offset
+    was not on an iMCU boundary; None where TurboJPEG is not loaded or does not decode
+    this file, so the caller falls back to a whole decode.
     """
-    parsed = header(data)  # also leaves this thread's handle on `data`'s header
     if parsed is None:
-        return None
+        parsed = header(data)
+        if parsed is None:
+            return None
     height, width, own, subsamp = parsed
     released, held, _ = _loaded
     handle = _decompressor.handle.value
@@ -226,9 +234,9 @@ def decode(
         region = _Region(x - skip, y, w + skip, h)
     else:
         return None  # a sampling TurboJPEG cannot crop
+    # Every parameter is set for every decode: none is left from another file's.
     if (
         held.tj3Set(handle, _FAST_DCT, int(fast_dct)) != 0
-        or held.tj3Set(handle, _FAST_UPSAMPLE, 0) != 0
         or held.tj3SetScalingFactor(handle, _SCALES[eighths]) != 0
         or held.tj3SetCroppingRegion(handle, region) != 0
     ):
