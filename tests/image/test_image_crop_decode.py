@@ -177,3 +177,28 @@ def test_dct_method_and_channels_are_checked_first():
         decode.decode_and_crop_jpeg(b"", [0, 0, 1, 1], dct_method="FLOAT")
     with pytest.raises(ValueError, match="channels"):
         decode.decode_and_crop_jpeg(b"", [0, 0, 1, 1], channels=4)
+
+
+@needs_tj3
+def test_a_ported_function_parses_each_header_once(monkeypatch):
+    released, held, carrier = tj3._loaded
+    parses = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(held, name)
+
+        def tj3DecompressHeader(self, handle, data, size):
+            parses.append(size)
+            return held.tj3DecompressHeader(handle, data, size)
+
+    monkeypatch.setattr(tj3, "_loaded", (released, Counting(), carrier))
+    rng = np.random.default_rng(8)
+    files = [_pillow_jpeg(_photo(rng, 40, 56, False), rng) for _ in range(3)]
+    for data in files:  # extract_jpeg_shape, then decode_and_crop_jpeg, as TF's ResNet code
+        shape = image.extract_jpeg_shape(data)
+        crop = image.decode_and_crop_jpeg(data, [2, 3, 30, 40], 3)
+        assert shape.tolist() == [40, 56, 3] and crop.shape == (30, 40, 3)
+    assert parses == [len(data) for data in files]
+    image.decode_and_crop_jpeg(files[-1], [0, 0, 8, 8], 3)  # the decode used the header up
+    assert len(parses) == 4

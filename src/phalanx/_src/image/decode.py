@@ -361,7 +361,7 @@ def decode_and_crop_jpeg(
     parsed = tj3.header(data) if tj3.available() else None
     if parsed is not None:
         check_window(y, x, h, w, parsed[0], parsed[1], "decode_and_crop_jpeg")
-        pixels = tj3.decode(data, channels, window, fast, parsed=parsed)
+        pixels = tj3.decode(data, channels, window, fast)  # the header parsed just now
         if pixels is not None:
             return pixels
     header = parsed[:3] if parsed is not None else jpeg_header(data)

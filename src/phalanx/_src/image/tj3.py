@@ -3,17 +3,18 @@
 Why: TF's `decode_and_crop_jpeg` decodes only the window's rows and iMCU columns
 (`jpeg_crop_scanline`, `jpeg_skip_scanlines`): on ImageNet-sized photos and Inception crops
 it does ~3/4 of a full decode's work. No wheel's Python API offers that, but libjpeg-turbo's
-own C library does, through `tj3SetCroppingRegion`; this module calls it with ctypes.
+own C library does, through `tj3SetCroppingRegion`; this module calls it with ctypes, for
+`decode_and_crop_jpeg` and for the fused crops (at a DCT scale there: `tj3SetScalingFactor`).
 
 Where the library comes from: the `turbojpeg` wheel (0.0.2, phalanx's `image` extra on
 Linux x86_64, CPython 3.11-3.13) bundles `libturbojpeg.so.0.3.0`, a shared library with the
 versioned TurboJPEG 3 ABI (libjpeg-turbo 2.1.92, the 3.0 beta). phalanx uses none of that
 package's Python code, only the library it carries; the library is found among the
 distribution's files (importlib.metadata), never by a hard-coded path. The risk: the package
-is small and old (2023) and its library a beta; nothing here depends on it. Where it is
+is small, built in 2023, and its library a beta; nothing here depends on it. Where it is
 missing, fails to load, or fails on a file (an error, a warning, a sampling it cannot crop),
 `decode` returns None and the caller decodes the whole image with simplejpeg (or Pillow)
-and slices it, as before. `backends()["jpeg"]` says which decoder runs.
+and slices it, as before. `backends()["jpeg_crop"]` says which decoder runs.
 
 Errors come back as return codes (TurboJPEG catches libjpeg's longjmp inside C), so ctypes
 calls are safe. Each thread owns its decompressor (TurboJPEG handles are not thread-safe).
@@ -63,8 +64,8 @@ _UNCROPPED = _Region(0, 0, 0, 0)
 _SCALES = {8: _Scaling(1, 1), 4: _Scaling(1, 2), 2: _Scaling(1, 4), 1: _Scaling(1, 8)}
 
 
-def _library_path() -> str | None:
-    """The bundled libturbojpeg of the first installed carrier, or None."""
+def _library() -> tuple[str, str] | None:
+    """(path, carrier) of the bundled libturbojpeg of the first installed carrier, or None."""
     for name in _CARRIERS:
         try:
             distribution = importlib.metadata.distribution(name)
@@ -75,7 +76,7 @@ def _library_path() -> str | None:
             if (
                 lower.startswith("libturbojpeg") and (".so" in lower or lower.endswith(".dylib"))
             ) or (lower.startswith("turbojpeg") and lower.endswith(".dll")):
-                return str(distribution.locate_file(file))
+                return str(distribution.locate_file(file)), f"{name} {distribution.version}"
     return None
 
 
@@ -94,7 +95,6 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
             ctypes.c_int,
             [handle, data, size, ctypes.c_void_p, ctypes.c_int, ctypes.c_int],
         ),
-        "tj3GetErrorStr": (ctypes.c_char_p, [handle]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(library, name)  # AttributeError: not the TurboJPEG 3 API
@@ -103,12 +103,14 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _load() -> tuple[ctypes.CDLL, ctypes.PyDLL, str] | None:
-    path = _library_path()
-    if path is None:
+    """The library twice (releasing and keeping the GIL) and its carrier, or None."""
+    found = _library()
+    if found is None:
         return None
+    path, carrier = found
     try:
         # One dlopen, two calling conventions: CDLL releases the GIL, PyDLL keeps it.
-        return _declare(ctypes.CDLL(path)), _declare(ctypes.PyDLL(path)), path
+        return _declare(ctypes.CDLL(path)), _declare(ctypes.PyDLL(path)), carrier
     except (OSError, AttributeError):
         return None
 
@@ -125,20 +127,7 @@ def describe() -> str | None:
     """The library and its carrier, for `backends()`; None where it is not loaded."""
     if _loaded is None:
         return None
-    carrier = next(n for n in _CARRIERS if _has(n))
-    return f"libturbojpeg (TurboJPEG 3 API) from the {carrier} {_version(carrier)} wheel"
-
-
-def _has(name: str) -> bool:
-    try:
-        importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _version(name: str) -> str:
-    return importlib.metadata.version(name)
+    return f"libturbojpeg (TurboJPEG 3 API) from the {_loaded[2]} wheel"
 
 
 class _Handle:
@@ -158,10 +147,13 @@ class _Handle:
 
 
 class _Decompressor(threading.local):
-    """This thread's decompressor (TurboJPEG handles are not thread-safe); its handle goes
-    with the thread's locals."""
+    """This thread's decompressor (TurboJPEG handles are not thread-safe), which goes with
+    the thread's locals, and the bytes whose header it holds (a ported TF function reads
+    the same bytes with `extract_jpeg_shape`, then `decode_and_crop_jpeg`: one parse)."""
 
     handle: _Handle | None = None
+    data: bytes | None = None  # held, so no other object can take its id meanwhile
+    parsed: tuple[int, int, int, int] | None = None
 
     def get(self) -> int | None:
         if self.handle is None:
@@ -177,23 +169,31 @@ def header(data: bytes) -> tuple[int, int, int, int] | None:
 
     channels is 1 (grayscale) or 3 (YCbCr or RGB); None for what TurboJPEG cannot read or
     what it does not decode here (CMYK, YCCK: the caller's fallback converts those). The
-    thread's decompressor keeps the header for a `decode` of the same bytes.
+    thread's decompressor keeps the header for a `decode` of the same bytes, and the same
+    bytes object asked again is not parsed again.
     """
-    handle = _decompressor.get() if _loaded is not None else None
+    state = _decompressor
+    if state.data is data:
+        return state.parsed
+    handle = state.get() if _loaded is not None else None
     if handle is None:
         return None
     held = _loaded[1]
+    state.data = None
     if held.tj3DecompressHeader(handle, data, len(data)) != 0:
         return None
     colorspace = held.tj3Get(handle, _COLORSPACE)
     if colorspace not in (_CS_RGB, _CS_YCBCR, _CS_GRAY):
         return None
-    return (
+    state.parsed = (
         held.tj3Get(handle, _JPEG_HEIGHT),
         held.tj3Get(handle, _JPEG_WIDTH),
         1 if colorspace == _CS_GRAY else 3,
         held.tj3Get(handle, _SUBSAMP),
     )
+    if type(data) is bytes:  # immutable: the same object has the same header
+        state.data = data
+    return state.parsed
 
 
 def decode(
@@ -202,26 +202,23 @@ def decode(
     window: tuple[int, int, int, int] | None,
     fast_dct: bool,
     eighths: int = 8,
-    parsed: tuple[int, int, int, int] | None = None,
 ) -> np.ndarray | None:
     """The JPEG's pixels in `window` (y, x, height, width; None: all), or None.
 
     With `eighths` < 8 (1, 2 or 4) the image is decoded at eighths/8 scale in the DCT
     domain (sizes rounded up, as libjpeg's) and `window` is in that scaled image's pixels.
     `window` must lie inside the (scaled) image: the caller checks it. channels: 0 (the
-    file's own), 1 or 3. `parsed` is `header(data)`'s result when the caller called it
-    last on this thread (the decompressor then holds the header; None: parsed here).
-    Returns a (height, width, channels) uint8 array, a view when the window's x offset
-    was not on an iMCU boundary; None where TurboJPEG is not loaded or does not decode
-    this file, so the caller falls back to a whole decode.
+    file's own), 1 or 3. Returns a (height, width, channels) uint8 array, a view when
+    the window's x offset was not on an iMCU boundary; None where TurboJPEG is not loaded
+    or does not decode this file, so the caller falls back to a whole decode.
     """
+    parsed = header(data)  # this thread's decompressor now holds `data`'s header
     if parsed is None:
-        parsed = header(data)
-        if parsed is None:
-            return None
+        return None
     height, width, own, subsamp = parsed
     released, held, _ = _loaded
-    handle = _decompressor.handle.value
+    state = _decompressor
+    handle = state.handle.value
     channels = channels or own
     if eighths != 8:
         height, width = -(-height * eighths // 8), -(-width * eighths // 8)
@@ -244,6 +241,10 @@ def decode(
     pixels = np.empty((h, w + skip, channels), np.uint8)
     pitch = (w + skip) * channels
     pixel_format = _PF_RGB if channels == 3 else _PF_GRAY
-    if released.tj3Decompress8(handle, data, len(data), pixels.ctypes.data, pitch, pixel_format):
+    failed = released.tj3Decompress8(
+        handle, data, len(data), pixels.ctypes.data, pitch, pixel_format
+    )
+    state.data = None  # the decode used up the header it held
+    if failed:
         return None  # an error or a warning: the fallback decoder raises its own
     return pixels[:, skip:] if skip else pixels
