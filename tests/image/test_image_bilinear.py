@@ -64,8 +64,7 @@ def test_fused_no_antialias_equals_tf_formula_on_the_crop(window, flip, backend)
     # Extreme pixels (0 and 255 side by side) check that no clip is needed after rounding.
     pixels = np.where(rng.uniform(size=(150, 200, 3)) < 0.5, 0, 255).astype(np.uint8)
     data = jpeg_bytes(pixels, quality=95)
-    y, x, h, w = window
-    crop = image.decode_jpeg(data, 3)[y : y + h, x : x + w]
+    crop = image.decode_and_crop_jpeg(data, window, 3)  # the pixels the fused op decodes
     reference = _tf_bilinear(crop, (32, 48))
     if flip:
         reference = reference[:, ::-1]

@@ -122,3 +122,14 @@ def test_random_flip_of_a_batch_flips_images_independently():
     assert 0 < sum(same) < 64
     for f, b, kept in zip(flipped, batch, same, strict=True):
         assert kept or np.array_equal(f, b[:, ::-1])
+
+
+def test_a_random_flip_that_keeps_the_image_returns_it_as_tfs_cond_does():
+    pixels = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    results = [image.stateless_random_flip_left_right(pixels, (i, 0)) for i in range(20)]
+    kept = [r for r in results if r is pixels]  # no copy: a pass and a GIL hand-over saved
+    flipped = [r for r in results if r is not pixels]
+    assert kept and flipped
+    for r in flipped:
+        np.testing.assert_array_equal(r, pixels[:, ::-1])
+        assert not np.shares_memory(r, pixels)

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from phalanx._src.image import boxes, decode, fused, randomness
+from phalanx._src.image import boxes, decode, fused, randomness, tj3
 
 
 def _old_lrint(value):
@@ -203,11 +203,14 @@ def test_a_ported_calls_array_boxes_and_list_ranges_are_prepared_once():
 
 
 def test_a_ported_function_parses_each_jpeg_header_once(monkeypatch):
+    # The simplejpeg fallback, which releases the GIL even for a header (TurboJPEG 3 keeps
+    # it for its header parse, so it needs no cache).
     simplejpeg = decode.simplejpeg_module()
     if simplejpeg is None:
         pytest.skip("without simplejpeg the header is Pillow's")
     from PIL import Image
 
+    monkeypatch.setattr(tj3, "_loaded", None)
     parses = []
 
     class Counting:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 
-from phalanx._src.image import decode, opencv
+from phalanx._src.image import decode, opencv, tj3
 
 _log = logging.getLogger("phalanx.image")
 _announced = False
@@ -35,7 +35,9 @@ def backends() -> dict[str, str]:
 
     Returns:
       A dict of path -> library (with its version):
-      - "jpeg": the JPEG decoder (`decode_jpeg`, `decode_and_crop_jpeg`, the fused ops);
+      - "jpeg": the JPEG decoder of whole images (`decode_jpeg`, `decode_image`, the fused
+        ops, and `decode_and_crop_jpeg` where "jpeg_crop" has no library);
+      - "jpeg_crop": `decode_and_crop_jpeg`'s decoder of the window alone (TF's pixels);
       - "resize": `resize(..., "bilinear")` without antialias (the other methods: NumPy);
       - "fused_resize": the bilinear resize of `decode_crop_resize_flip` and
         `decode_random_resized_crop` (antialias=False) into uint8;
@@ -60,6 +62,11 @@ def backends() -> dict[str, str]:
         jpeg = f"{pillow}'s libjpeg (always the accurate IDCT, whatever dct_method)"
     else:
         jpeg = "none (install phalanx[image])"
+    crop = tj3.describe()
+    if crop is not None:
+        crop += ": decodes the window's rows and iMCU columns only, as TF's kernel"
+    else:
+        crop = 'none: the "jpeg" decoder decodes the whole image (install phalanx[image])'
     if opencv.version() is not None:
         cv = f"OpenCV {opencv.version()} (one thread: the map's threads are the parallelism)"
         resize = f"{cv} cv2.resize on float32 (float weights: TF's values to float rounding)"
@@ -79,6 +86,7 @@ def backends() -> dict[str, str]:
     )
     return {
         "jpeg": jpeg,
+        "jpeg_crop": crop,
         "resize": resize,
         "fused_resize": fused,
         "fused_antialias": antialias,

@@ -13,12 +13,10 @@ A decoder may also scale by N/8 (N = 1..8) inside the IDCT, which costs a fracti
 decode: `decode_jpeg_scaled` picks the smallest such scale that keeps a given region at
 least a given size, which is what a crop-then-resize pipeline needs.
 
-`decode_and_crop_jpeg` decodes the whole image and returns the window as a view. TF's
-kernel decodes only the window's rows and iMCU columns (libjpeg-turbo's
-`jpeg_crop_scanline` / `jpeg_skip_scanlines`); no wheel that installs without a compiler
-exposes that API (simplejpeg, imagecodecs, OpenCV and Pillow decode whole images, scaled
-at most; pyvips-binary crops after a sequential decode, measured at 2.3x simplejpeg's full
-decode on the benchmark's 500x375 photos).
+`decode_and_crop_jpeg` decodes only the window's rows and iMCU columns, as TF's kernel does,
+through libjpeg-turbo's TurboJPEG 3 library (`tj3`: bundled by the `turbojpeg` wheel,
+called with ctypes); its pixels equal TF's. Where that library is missing it decodes the
+whole image and returns the window as a view.
 """
 
 from __future__ import annotations
@@ -28,6 +26,8 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from phalanx._src.image import tj3
 
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _SIMPLEJPEG_COLORSPACE = {1: "GRAY", 3: "RGB"}
@@ -135,7 +135,14 @@ _last_header = _LastHeader()
 
 
 def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
-    """(height, width, channels) from simplejpeg's header parse, None if it cannot tell."""
+    """(height, width, channels) from the header, None if it cannot tell (Pillow then will).
+
+    TurboJPEG 3 parses it with the GIL kept (a few microseconds); simplejpeg, the fallback,
+    releases the GIL even for that.
+    """
+    if tj3.available():
+        parsed = tj3.header(data)
+        return None if parsed is None else parsed[:3]
     if _simplejpeg is None:
         return None
     last = _last_header
@@ -226,7 +233,7 @@ def decode_jpeg_scaled(
     """
     if header is None:
         header = jpeg_header(data)
-    if header is not None and channels in (0, 1, 3):
+    if header is not None and _simplejpeg is not None and channels in (0, 1, 3):
         want = channels or header[2]
         try:
             array = _simplejpeg.decode_jpeg(
@@ -320,6 +327,15 @@ def decode_and_crop_jpeg(
 ) -> np.ndarray:
     """The window [y, x, height, width] of a JPEG, as tf.image.decode_and_crop_jpeg.
 
+    Decodes only the window's rows and iMCU columns, as TF's kernel, through libjpeg-turbo's
+    TurboJPEG 3 library (the `turbojpeg` wheel of phalanx's `image` extra): the pixels then
+    equal TF's for every sampling, progressive or not, and each `dct_method` (tested
+    against `tf.image.decode_and_crop_jpeg` over random JPEGs). Without that library the
+    whole image is decoded (simplejpeg, else Pillow) and the window returned as a view:
+    along the window's edges a few pixels then differ from TF's by up to 4 levels, as TF's
+    cropped decode upsamples chroma from the window's own edge. `backends()["jpeg_crop"]`
+    says which runs.
+
     Args:
       contents: the file's bytes.
       crop_window: [offset_height, offset_width, target_height, target_width] (ints).
@@ -327,9 +343,8 @@ def decode_and_crop_jpeg(
       dct_method: as `decode_jpeg`'s.
 
     Returns:
-      A uint8 array (target_height, target_width, channels): the full decode's pixels in
-      the window. TF decodes only the window's rows, which changes chroma upsampling along
-      its edge: a few pixels there differ from TF's by up to 4 levels.
+      A uint8 array (target_height, target_width, channels); a view of a slightly wider
+      decode when the window's x offset is not on an iMCU boundary (8 or 16 pixels).
 
     Raises:
       ValueError: the window does not lie inside the image, or the bytes are not a JPEG.
@@ -339,8 +354,18 @@ def decode_and_crop_jpeg(
       >>> window = [begin[0], begin[1], size[0], size[1]]
       >>> crop = decode_and_crop_jpeg(data, window, channels=3)
     """
-    y, x, h, w = as_ints(crop_window, 4)
-    image = decode_jpeg(contents, channels, dct_method=dct_method)
+    y, x, h, w = window = as_ints(crop_window, 4)
+    check_channels(channels, (0, 1, 3))
+    fast = check_dct_method(dct_method)
+    data = as_bytes(contents, "decode_and_crop_jpeg")
+    parsed = tj3.header(data) if tj3.available() else None
+    if parsed is not None:
+        check_window(y, x, h, w, parsed[0], parsed[1], "decode_and_crop_jpeg")
+        pixels = tj3.decode(data, channels, window, fast)  # the header parsed just now
+        if pixels is not None:
+            return pixels
+    header = parsed[:3] if parsed is not None else jpeg_header(data)
+    image = decode_jpeg_scaled(data, channels, fast_dct=fast, header=header)
     check_window(y, x, h, w, image.shape[0], image.shape[1], "decode_and_crop_jpeg")
     return image[y : y + h, x : x + w]
 

@@ -20,6 +20,7 @@ gathers and arithmetic), so threads scale with the cores.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from phalanx._src.image import (
     randomness,
     resample,
     resize,
+    tj3,
 )
 
 
@@ -151,12 +153,13 @@ def _decode_crop_resize_flip(
                                    min_w, fast_dct, out)  # fmt: skip
         if fast_path is not None:
             return fast_path
-    image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast_dct, header)
-    fy, fx = image.shape[0] / height, image.shape[1] / width
+    image, (wy, wx, wh, ww) = _decode_window(
+        data, channels, window, (height, width), min_h, min_w, fast_dct, header
+    )
     if method == "bilinear" and not antialias and opencv.usable(out):  # tf.image.resize's
-        return opencv.resize_window_into(image, (y * fy, x * fx, h * fy, w * fx), flip, out)
-    rows = resample.taps_for(method, antialias, image.shape[0], out_h, y * fy, h * fy)
-    cols = resample.taps_for(method, antialias, image.shape[1], out_w, x * fx, w * fx)
+        return opencv.resize_window_into(image, (wy, wx, wh, ww), flip, out)
+    rows = resample.taps_for(method, antialias, image.shape[0], out_h, wy, wh)
+    cols = resample.taps_for(method, antialias, image.shape[1], out_w, wx, ww)
     if flip:
         cols = cols.flipped()
     if method == "nearest":
@@ -169,6 +172,52 @@ def _decode_crop_resize_flip(
     np.clip(pixels, 0, 255, out=pixels)
     out[...] = pixels  # an exact cast: the values are integers in [0, 255]
     return out
+
+
+def _decode_window(
+    data: bytes,
+    channels: int,
+    window: tuple[int, ...],
+    full: tuple[int, int],
+    min_h: int,
+    min_w: int,
+    fast_dct: bool,
+    header: tuple[int, int, int] | None,
+) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """The decoded pixels around `window` and the window in their coordinates.
+
+    TurboJPEG 3 (`tj3`) decodes only the window's rows and iMCU columns, at the DCT scale
+    that `min_h` x `min_w` asks for (0: full size). At full size the decoded region is the
+    window itself, so the pixels are `decode_and_crop_jpeg`'s (TF's); at a reduced scale the
+    window's edges fall between pixels and the region keeps one more on each side, the
+    neighbour the bilinear warp reads there. Without TurboJPEG: the whole image, scaled.
+    """
+    y, x, h, w = window
+    height, width = full
+    if tj3.available():
+        eighths = 8
+        if min_h:
+            eighths = next(e for e in (1, 2, 4, 8) if decode.scaled_size(height, e) >= min_h)
+        if eighths == 8:
+            pixels = tj3.decode(data, channels, window, fast_dct)
+            if pixels is not None:
+                return pixels, (0.0, 0.0, float(h), float(w))
+        else:
+            scale_h, scale_w = (
+                decode.scaled_size(height, eighths),
+                decode.scaled_size(width, eighths),
+            )
+            fy, fx = scale_h / height, scale_w / width
+            y0, x0 = max(math.floor(y * fy) - 1, 0), max(math.floor(x * fx) - 1, 0)
+            y1 = min(math.ceil((y + h) * fy) + 1, scale_h)
+            x1 = min(math.ceil((x + w) * fx) + 1, scale_w)
+            region = (y0, x0, y1 - y0, x1 - x0)
+            pixels = tj3.decode(data, channels, region, fast_dct, eighths)
+            if pixels is not None:
+                return pixels, (y * fy - y0, x * fx - x0, h * fy, w * fx)
+    image = decode.decode_jpeg_scaled(data, channels, min_h, min_w, fast_dct, header)
+    fy, fx = image.shape[0] / height, image.shape[1] / width
+    return image, (y * fy, x * fx, h * fy, w * fx)
 
 
 # Pillow's antialiased filters equal TF's ScaleAndTranslate kernels (antialias=True).

@@ -54,7 +54,9 @@ def _random_flip(image: Any, rng: Any, axis: int, what: str) -> np.ndarray:
     array = _image(image, what)
     if array.ndim == 3:
         flip = randomness.uniform(rng, 0.0, 1.0) < 0.5
-        return _flipped(array, axis) if flip else array.copy()
+        # Unflipped, the image itself, as TF's cond returns its input: a copy would cost a
+        # pass and a GIL hand-over for nothing.
+        return _flipped(array, axis) if flip else array
     flips = randomness.uniform(rng, 0.0, 1.0, len(array)) < 0.5
     out = array.copy()
     out[flips] = _flipped(array[flips], axis)
@@ -77,7 +79,8 @@ def random_flip_left_right(image: Any, seed: int | None = None) -> np.ndarray:
       seed: an op-level seed (int) or None.
 
     Returns:
-      The flipped or unflipped image, a new array.
+      The flipped image, a new array, or the unflipped one: the input itself, as TF's
+      returns its input tensor (for a batch, a new array).
 
     Example:
       >>> ds.map(lambda x: random_flip_left_right(x))

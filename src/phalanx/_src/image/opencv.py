@@ -138,17 +138,20 @@ def _check_in_place(result: np.ndarray, target: np.ndarray, what: str) -> None:
         )
 
 
-def resize_float(image: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
-    """A float32 (h, w, c) image resized bilinearly (TF's, no antialias), or None.
+def takes_float(image: np.ndarray) -> bool:
+    """Whether `resize_float` takes `image` (h, w, c) once cast to float32: OpenCV is
+    installed and handles its channel count."""
+    return _cv2 is not None and image.shape[2] <= _MAX_CHANNELS
 
-    None where OpenCV is missing or cannot take the image (more channels than it handles),
-    so the caller falls back to NumPy.
+
+def resize_float(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """A float32 (h, w, c) image resized bilinearly (TF's, no antialias), a new array.
+
+    The caller checks `takes_float(image)` first.
 
     Example:
       >>> resize_float(pixels.astype(np.float32), (224, 224)).shape   # (224, 224, 3)
     """
-    if _cv2 is None or image.dtype != np.float32 or image.shape[2] > _MAX_CHANNELS:
-        return None
     out_h, out_w = size
     resized = _cv().resize(image, (out_w, out_h), interpolation=_cv2.INTER_LINEAR)
     return resized.reshape(out_h, out_w, image.shape[2])

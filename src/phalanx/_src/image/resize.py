@@ -105,12 +105,19 @@ def resize(
         )
     height, width = array.shape[:2]
     new_h, new_w = _target(height, width, size, preserve_aspect_ratio)
-    if method != "nearest" and (array.dtype.kind != "f" or array.dtype.itemsize == 8):
-        array = array.astype(np.float32)  # one GIL-free pass; OpenCV reads it in place
-    if method == "bilinear" and not antialias:  # TF2's default: OpenCV's float path, ~8x
-        resized = opencv.resize_float(array, (new_h, new_w))
-        if resized is not None:
-            return resized
+    to_float = array.dtype.kind != "f" or array.dtype.itemsize == 8
+    floats = to_float or array.dtype == np.float32  # (float16 stays float16, in NumPy)
+    if method == "bilinear" and not antialias and floats and opencv.takes_float(array):
+        # TF2's default: OpenCV's float path, ~8x the NumPy taps. The float32 copy it reads
+        # goes to this thread's work array: a fresh one per image (~1 MB) cost the
+        # allocator page faults, more CPU than the cast.
+        if to_float:
+            work = resample.scratch_array("resize-float", array.shape, np.float32)
+            np.copyto(work, array, casting="unsafe")  # astype's cast, one GIL-free pass
+            array = work
+        return opencv.resize_float(array, (new_h, new_w))
+    if method != "nearest" and to_float:
+        array = array.astype(np.float32)  # one GIL-free pass
     rows = resample.taps_for(method, antialias, height, new_h)
     cols = resample.taps_for(method, antialias, width, new_w)
     if method == "nearest":
