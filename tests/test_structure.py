@@ -54,7 +54,17 @@ DATA_LAYERS = (
         "workers",
         "packing",
     ),
-    ("validation", "options", "autotune", "seeds", "files", "wait", "cache_files", "tree_state"),
+    (
+        "validation",
+        "options",
+        "autotune",
+        "seeds",
+        "files",
+        "wait",
+        "cache_files",
+        "tree_state",
+        "recycle",
+    ),
 )
 
 

@@ -32,7 +32,10 @@ CHECK = 8  # timed elements between two re-evaluations
 BUDGET = 0.01  # the share of the run spent measuring again widths that were left
 _TIMING_S = 5e-6  # timing an element inline (and its share of a decision): 1/10 of BUDGET
 _SPAN = 8  # samples a running mean averages over
-_BURSTS = 32  # the same for the consumer's intervals, which come in bursts of N workers
+# The same for what the consumer does: its own time comes in bursts (a batch's stacking,
+# once in 64 elements: 4-80 ms where an element takes 0.5), and its intervals in bursts of
+# N workers. Their means must span several bursts, or one decides the width.
+_BURSTS = 256
 _log = logging.getLogger("phalanx.data")
 
 
@@ -83,7 +86,7 @@ class Tuner:
         self.changed_at = 0  # elements handed out when `choice` last changed
         self._lock = threading.Lock()
         self._alone, self._cpu0, self._serial = _Mean(), _Mean(), _Mean()  # inline, and s
-        self._own0, self._own, self._handle = _Mean(), _Mean(), _Mean()
+        self._own, self._handle = _Mean(_BURSTS), _Mean()  # the consumer's, at any width
         self._wall, self._cpu = _Mean(), _Mean()  # an element's, at `level`
         self._interval = _Mean(_BURSTS)  # the consumer's, at `level`
         self._seen: dict[int, tuple[float, int]] = {}  # width: (interval, trusted until)
@@ -146,7 +149,7 @@ class Tuner:
             if self._alone.value is None:  # nothing timed inline yet
                 return self.level
             if own is not None:
-                (self._own0 if self.level == 0 else self._own).add(own)
+                self._own.add(own)
             if self.level and not fill:
                 self._handle.add(cpu)
                 self._interval.add((own or 0.0) + wait)
@@ -166,9 +169,9 @@ class Tuner:
         longer; a burst's by the serial share it measured) and at widths measured lately,
         else from the model (`serial` None: not known, taken as 0)."""
         alone = self._alone.value
+        own = self._own.value or 0.0
         if width == 0:
-            return alone + (self._own0.value or 0.0)
-        own = self._own.value if self._own.value is not None else self._own0.value or 0.0
+            return alone + own
         floor = own + (self._handle.value or 0.0)  # the consumer's own part
         measured = width == self.level and self._wall.value is not None
         if measured and not (self.trial and serial is not None):
@@ -241,7 +244,7 @@ class Tuner:
         times = ", ".join(
             f"{self._name(m)} {ms(self._predict(m, serial))}" for m in range(self.max_level + 1)
         )
-        own = self._own0.value if self._own0.value is not None else self._own.value or 0.0
+        own = self._own.value or 0.0
         return (
             f"{text}; serial share {share}; the consumer's own time {ms(own)}; "
             f"between elements: {times}"

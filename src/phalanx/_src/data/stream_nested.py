@@ -18,6 +18,7 @@ import numpy as np
 
 from phalanx._src.data import index_ops, validation
 from phalanx._src.data.plan import Key, Node
+from phalanx._src.data.recycle import Recycler
 from phalanx._src.data.stream import Stream, _Cursor, _get, call, open_node
 from phalanx._src.strategy import device_batch
 from phalanx._src.strategy.layout import ceil_split
@@ -47,7 +48,7 @@ class StreamBatch(Stream):
     def open(self, key: Key, state: dict | None) -> Any:
         return _BatchCursor(self, key, state)
 
-    def stack(self, elements: list[Any]) -> Any:
+    def stack(self, elements: list[Any], recycler: Any = None) -> Any:
         leaves0, treedef = jax.tree.flatten(elements[0])
         if any(isinstance(getattr(leaf, "_node", None), Node) for leaf in leaves0):
             raise TypeError(
@@ -67,9 +68,10 @@ class StreamBatch(Stream):
                         f"batch() got elements of different shapes {found} in leaf {i}; use "
                         "padded_batch() to pad them to a common shape"
                     )
-                out.append(validation.stack(rows))
+                out.append(validation.stack(rows, recycler))
                 continue
-            out.append(validation.stack([self._pad(r, shape, value, rows) for r in rows]))
+            padded = [self._pad(r, shape, value, rows) for r in rows]
+            out.append(validation.stack(padded, recycler))
         batch = treedef.unflatten(out)
         if self.split is not None:
             index, count = self.split
@@ -120,7 +122,12 @@ class StreamBatch(Stream):
 
 
 class _BatchCursor(_Cursor):
-    """State: the parent's, taken between batches (a batch is read all at once)."""
+    """State: the parent's, taken between batches (a batch is read all at once). Large
+    batches go into arrays reused once the consumer has let them go (`recycle`)."""
+
+    def __init__(self, node: Any, key: Key, state: dict | None) -> None:
+        super().__init__(node, key, state)
+        self._recycler = Recycler()
 
     def __next__(self) -> Any:
         elements = []
@@ -131,7 +138,7 @@ class _BatchCursor(_Cursor):
                 break
         if not elements or (self.node.drop_remainder and len(elements) < self.node.size):
             raise StopIteration
-        return self.node.stack(elements)
+        return self.node.stack(elements, self._recycler)
 
 
 @dataclasses.dataclass(eq=False)

@@ -50,8 +50,11 @@ def host_leaf(leaf: Any) -> Any:
     return array
 
 
-def stack(values: list[Any] | tuple[Any, ...]) -> np.ndarray:
-    """Elements' leaves stacked along a new first axis; strings into an object array."""
+def stack(values: list[Any] | tuple[Any, ...], recycler: Any = None) -> np.ndarray:
+    """Elements' leaves stacked along a new first axis; strings into an object array.
+    `recycler` (a `recycle.Recycler`): large numeric batches go into its reused arrays."""
+    if recycler is not None and (out := recycler.stack(values)) is not None:
+        return out
     if not any(
         isinstance(v, TEXT | list | tuple) or getattr(v, "dtype", _FLOAT).kind in "OUS"
         for v in values
