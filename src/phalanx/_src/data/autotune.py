@@ -200,8 +200,10 @@ class Tuner:
         fresh = self.elements < self._seen.get(pick, (0.0, 0))[1]
         # (Elements too short to overlap leave it unknown: then the width runs on, measured.)
         self.trial = pick >= 2 and not known and not fresh and not self.trial
-        if self.trial:  # one burst of 2 measures the serial share
-            pick, self._serial = 2, _Mean()
+        if self.trial:  # one burst of 2 measures the serial share again
+            # (added to the earlier bursts' mean: one burst beside a GIL-holding batch
+            # stacking in the consumer reads as a serial share of 1 or more)
+            pick = 2
         self._due = self._timed + (pick if self.trial else CHECK)
         if pick != level:
             self.level, self._wall, self._cpu = pick, _Mean(), _Mean()
