@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from phalanx._src.data import autotune
+from phalanx._src.data import autotune, executors
 from phalanx._src.data.autotune import Autotuned, Tuner
 from phalanx.data import AUTOTUNE, Dataset, Options
 
@@ -73,10 +74,11 @@ class Clocks:
 class FakeWorkers:
     """An executor of `width` workers over the simulation: elements are their step."""
 
-    def __init__(self, sim, width, start, stop):
+    def __init__(self, sim, width, start, stop, stagger):
         self.sim, self.width, self.step, self.stop = sim, width, start, stop
         self.cost = (0.0, 0.0)
         sim.opened.append((width, start, stop))
+        sim.staggers.append(stagger)
 
     def next(self):
         assert self.step < self.stop, "an element past the executor's stop"
@@ -105,7 +107,7 @@ class Sim:
         self.map, self.n, self.own = map_, n, own
         self.tuner = Tuner(max_level=max_level, kind=kind)
         self.clocks = Clocks()
-        self.opened, self.by_workers = [], 0
+        self.opened, self.staggers, self.by_workers = [], [], 0
 
     def fetch(self, step):
         wall, cpu, _, _ = self.map.cost(0, self.own)
@@ -117,7 +119,7 @@ class Sim:
         driver = Autotuned(
             self.tuner,
             self.fetch,
-            lambda width, start, stop: FakeWorkers(self, width, start, stop),
+            lambda width, start, stop, stagger: FakeWorkers(self, width, start, stop, stagger),
             0,
             self.n,
             clock=self.clocks.wall,
@@ -141,6 +143,7 @@ def test_a_gil_bound_map_stays_inline_after_one_burst_of_two():
     first = sim.epoch()
     assert sim.tuner.choice == 0 and sim.tuner.changed_at == 3
     assert sim.opened == [(2, 1, 3)]  # one burst: elements 1 and 2, no more started
+    assert sim.staggers == [pytest.approx(sim.tuner.alone / 2)]  # the second half late
     assert first <= sim.fixed(0) / 0.95  # the burst costs one element in 24
     later = [sim.epoch() for _ in range(3)]
     assert later == [pytest.approx(sim.fixed(0))] * 3  # then exactly sequential
@@ -155,6 +158,7 @@ def test_a_gil_releasing_map_takes_two_threads_within_the_first_epoch():
     first = sim.epoch()
     assert sim.tuner.choice == 2 and sim.tuner.changed_at == 3
     assert sim.opened[:2] == [(2, 1, 3), (2, 3, 24)]  # the burst, then 2 threads on
+    assert sim.staggers[:2] == [pytest.approx(sim.tuner.alone / 2), 0.0]
     assert first <= sim.fixed(2) / 0.9
     for _ in range(3):
         assert sim.epoch() == pytest.approx(sim.fixed(2))  # the best fixed setting
@@ -283,6 +287,26 @@ def test_a_tuner_checks_its_width_and_says_when_it_is_still_measuring():
 
 
 # -- real pipelines -----------------------------------------------------------------------------
+
+
+def test_a_staggered_burst_starts_its_second_element_late_and_times_the_overlap():
+    # The burst's threads: element n starts n * stagger after the first, and `beside`
+    # counts only the time the other computed beside it (bounds only: sleeps never end
+    # early, so nothing here depends on the machine's speed).
+    started = {}
+
+    def fetch(step):
+        started[step] = time.perf_counter()
+        time.sleep(0.03)
+        return step
+
+    threads = executors.Threads(fetch, 5, 7, workers=2, ahead=2, stagger=0.02)
+    assert threads.next() == 5
+    wall, _, beside = threads.cost
+    assert threads.next() == 6
+    threads.close()
+    assert started[6] - started[5] >= 0.02
+    assert beside <= wall - 0.02  # the second did not run beside the first's first 20 ms
 
 
 def _rows(n):

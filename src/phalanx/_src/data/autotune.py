@@ -11,9 +11,10 @@ what an element computed beside others loses to them; ~1 or more for a map that 
 the GIL, ~0 for one that releases it), so an element comes every
 `max(own + handle, w0 / S(m))`. AUTOTUNE runs the fewest workers within `MARGIN` of the
 best, capped by the cores. `s` shows only where elements run side by side: while it is
-unknown or stale, one burst of 2 threads measures it (2 elements, no more; about one
-element's time on a GIL-bound map). Widths left are measured again when that costs less
-than `BUDGET` of the elements since. docs/input-performance.md ("AUTOTUNE") says more.
+unknown or stale, one burst of 2 threads measures it (2 elements, no more, the second
+started half an element late; about half an element's time on a GIL-bound map). Widths
+left are measured again when that costs less than `BUDGET` of the elements since.
+docs/input-performance.md ("AUTOTUNE") says more.
 """
 
 from __future__ import annotations
@@ -256,8 +257,9 @@ class Tuner:
 class Autotuned:
     """An executor that computes elements at the width its `Tuner` asks for, timing them.
 
-    `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop)`
-    opens `width` workers for elements start..stop-1: `next()` returns them in order,
+    `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop,
+    stagger)` opens `width` workers for elements start..stop-1, the n-th started n *
+    stagger seconds late (a burst's): `next()` returns them in order,
     `cost` is the last one's (wall, cpu[, beside]) where computed, `drain()` takes those in
     flight, which a width change hands out next, in order (elements are pure functions of
     their step: the elements and the iterator's state are those of computing them one by
@@ -336,7 +338,10 @@ class Autotuned:
             self._executor.close()
         burst = self._tuner.trial  # 2 elements side by side, and no more
         self._until = min(self._stop, self._step + self._width) if burst else self._stop
-        self._executor = self._open(self._width, self._step, self._until)
+        # A burst's second element starts half an element late: half the overlap still
+        # measures the serial share, and a GIL-bound map loses half as much to it.
+        stagger = self._tuner.alone / 2 if burst else 0.0
+        self._executor = self._open(self._width, self._step, self._until, stagger)
 
     def _switch(self, width: int) -> None:
         executor, self._executor = self._executor, None

@@ -78,11 +78,15 @@ class Threads:
     Threads help where the work releases the GIL (NumPy on large arrays, I/O, decoding);
     Python-bound work is better served by processes (`workers.Processes`) or inline.
     Each element is timed where it is computed: `cost` is the last one's (wall, CPU, and
-    beside: the seconds other workers computed during it), for AUTOTUNE.
+    beside: the seconds other workers computed during it), for AUTOTUNE. `stagger`: the
+    n-th element starts n * stagger seconds late (an AUTOTUNE burst's second element).
     """
 
-    def __init__(self, fetch: Fetch, start: int, stop: int, workers: int, ahead: int) -> None:
+    def __init__(
+        self, fetch: Fetch, start: int, stop: int, workers: int, ahead: int, stagger: float = 0.0
+    ) -> None:
         self.workers = workers
+        self._start, self._stagger = start, stagger
         self.cost: tuple[float, ...] = (0.0, 0.0, 0.0)
         self._fetch = fetch
         self._next = self._out = start
@@ -96,6 +100,8 @@ class Threads:
         self._history: collections.deque = collections.deque(maxlen=2 * workers)
 
     def _timed(self, step: int) -> tuple[Any, float, float]:
+        if self._stagger:
+            time.sleep(self._stagger * (step - self._start))
         cpu = time.thread_time()
         span = self._spans[step] = [time.perf_counter(), math.inf]
         element = self._fetch(step)
@@ -143,11 +149,13 @@ class Threads:
         self.close()  # threads start in microseconds: none are kept
 
 
-def open_executor(fetch: Fetch, start: int, stop: int, *, workers: int, ahead: int) -> Any:
+def open_executor(
+    fetch: Fetch, start: int, stop: int, *, workers: int, ahead: int, stagger: float = 0.0
+) -> Any:
     """An executor of `workers` threads (0: inline) reading `ahead` elements ahead."""
     if workers == 0 and ahead == 0:
         return Inline(fetch, start, stop)
-    return Threads(fetch, start, stop, max(workers, 1), max(ahead, 2 * workers))
+    return Threads(fetch, start, stop, max(workers, 1), max(ahead, 2 * workers), stagger)
 
 
 def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop: int) -> Any:
@@ -165,7 +173,7 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
     fixed = max((m.workers for m in maps if m.workers > 0), default=0)
     fetch = functools.partial(plan.element, node, key)
 
-    def make(workers: int, step: int, end: int) -> Any:
+    def make(workers: int, step: int, end: int, stagger: float = 0.0) -> Any:
         ahead = max(prefetch, 2 * workers)
         if processes and workers > 0:
             from phalanx._src.data.workers import Processes
@@ -175,7 +183,7 @@ def for_pipeline(dataset: Any, node: Any, key: tuple[int, ...], start: int, stop
                 # 4 elements in flight per worker hide the hand-over latency of a busy host.
                 pool = Processes(node, workers, max(4, -(-ahead // workers)))
             return pool.begin(key, step, end)
-        return open_executor(fetch, step, end, workers=workers, ahead=ahead)
+        return open_executor(fetch, step, end, workers=workers, ahead=ahead, stagger=stagger)
 
     tuned_map = any(m.workers == AUTOTUNE for m in maps)
     if not tuned_map and (fixed or prefetch != AUTOTUNE):
