@@ -307,6 +307,12 @@ def test_a_staggered_burst_starts_its_second_element_late_and_times_the_overlap(
     threads.close()
     assert started[6] - started[5] >= 0.02
     assert beside <= wall - 0.02  # the second did not run beside the first's first 20 ms
+    # A stagger longer than the first element (timed cold) ends when that element does:
+    # the consumer never waits for a sleeping thread.
+    threads = executors.Threads(fetch, 0, 2, workers=2, ahead=2, stagger=60.0)
+    assert [threads.next(), threads.next()] == [0, 1]
+    threads.close()
+    assert started[1] - started[0] < 30.0
 
 
 def _rows(n):

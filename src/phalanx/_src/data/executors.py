@@ -79,7 +79,9 @@ class Threads:
     Python-bound work is better served by processes (`workers.Processes`) or inline.
     Each element is timed where it is computed: `cost` is the last one's (wall, CPU, and
     beside: the seconds other workers computed during it), for AUTOTUNE. `stagger`: the
-    n-th element starts n * stagger seconds late (an AUTOTUNE burst's second element).
+    n-th element starts n * stagger seconds late (an AUTOTUNE burst's second element), or
+    as soon as an element ends, if sooner (a first element timed cold made `stagger` too
+    long: the consumer would wait for a sleeping thread).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class Threads:
     ) -> None:
         self.workers = workers
         self._start, self._stagger = start, stagger
+        self._ended = threading.Event()  # an element ended (or the executor closed)
         self.cost: tuple[float, ...] = (0.0, 0.0, 0.0)
         self._fetch = fetch
         self._next = self._out = start
@@ -101,10 +104,13 @@ class Threads:
 
     def _timed(self, step: int) -> tuple[Any, float, float]:
         if self._stagger:
-            time.sleep(self._stagger * (step - self._start))
+            self._ended.wait(self._stagger * (step - self._start))
         cpu = time.thread_time()
         span = self._spans[step] = [time.perf_counter(), math.inf]
-        element = self._fetch(step)
+        try:
+            element = self._fetch(step)
+        finally:
+            self._ended.set()
         span[1] = time.perf_counter()
         return element, span[1] - span[0], time.thread_time() - cpu
 
@@ -143,6 +149,7 @@ class Threads:
         for future in self._futures:
             future.cancel()
         self._futures.clear()
+        self._ended.set()  # a staggered element starts now, not after its wait
         self._pool.shutdown(wait=True)
 
     def release(self, park: Callable[[Any], None]) -> None:
