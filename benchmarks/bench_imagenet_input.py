@@ -26,8 +26,13 @@ at a time, interleaved over the variants (a busy neighbour hits each alike), bes
   threads (ReadOptions.num_threads);
 - with --processes, phalanx's uint8 pipeline mapped in worker processes
   (`workers="process"`, shared-memory results), over the ArrayRecord file and over the
-  TFRecord files (read by index, in the threads' order); their CPU time is the
-  children's, so they have no images-per-CPU-second cell.
+  TFRecord files (read by index, in the threads' order), and the TF port over the
+  TFRecord files; their CPU time is the children's, so they have no
+  images-per-CPU-second cell.
+
+--numpy-stack stacks the batches with NumPy, which releases and retakes the GIL for each
+element (phalanx stacks a batch in one native call, `opencv.stack_into`): what that buys
+where many threads hold the GIL.
 
 Worker counts: --workers (0 means AUTOTUNE; tf.data's own AUTOTUNE then gets the machine).
 Images/s of the pipeline alone, no model. The table shows each rate and its ratio to
@@ -175,15 +180,15 @@ def phalanx_pipeline(paths: list[str], workers: int, fn=preprocess) -> data.Data
     return ds.map(fn, num_parallel_calls=calls).batch(BATCH)
 
 
-def phalanx_processes(source: str | list[str], workers: int) -> data.Dataset:
-    """The uint8 pipeline mapped in processes, over the ArrayRecord file or the TFRecord
-    files (read by index, in the threads' order)."""
+def phalanx_processes(source: str | list[str], workers: int, fn=preprocess) -> data.Dataset:
+    """The uint8 pipeline (or `fn`'s) mapped in processes, over the ArrayRecord file or the
+    TFRecord files (read by index, in the threads' order)."""
     calls = data.AUTOTUNE if workers == 0 else workers
     if isinstance(source, str):
         ds = data.ArrayRecordDataset([source])
     else:
         ds = data.TFRecordDataset(source, num_parallel_reads=min(len(source), 4))
-    return ds.map(preprocess, num_parallel_calls=calls, workers="process").batch(BATCH)
+    return ds.map(fn, num_parallel_calls=calls, workers="process").batch(BATCH)
 
 
 def tf_pipeline(paths: list[str], workers: int):
@@ -265,7 +270,11 @@ def epoch_rate(pipeline, expected: int) -> tuple[float, float]:
 
 
 # Rows whose work runs in worker processes: this process's CPU time does not count it.
-CHILD_PROCESS_ROWS = ("phalanx ArrayRecord (uint8, processes)", "phalanx (uint8, processes)")
+CHILD_PROCESS_ROWS = (
+    "phalanx ArrayRecord (uint8, processes)",
+    "phalanx (uint8, processes)",
+    "phalanx (TF port, float32, processes)",
+)
 
 
 def _without_opencv(fn, *args, **kwargs):
@@ -566,6 +575,11 @@ def main() -> None:
         "--fit", action="store_true", help="only time fit fed by the pipeline vs synthetic"
     )
     parser.add_argument(
+        "--numpy-stack",
+        action="store_true",
+        help="stack batches with NumPy (a GIL release per element), not in one native call",
+    )
+    parser.add_argument(
         "--only", nargs="+", metavar="TEXT", help="keep the rows whose name holds one of these"
     )
     parser.add_argument("--fit-steps", type=int, default=50, help="fit's steps per epoch")
@@ -574,6 +588,10 @@ def main() -> None:
         "--fit-processes", type=int, nargs="*", default=[], help="also fit fed by N processes"
     )
     args = parser.parse_args()
+    if args.numpy_stack:  # what the one-release stack buys (opencv.stack_into)
+        from phalanx._src.image import opencv
+
+        opencv.stack_into = lambda values, out: False
     if args.stages:
         time_stages(args.images)
         return
@@ -615,6 +633,9 @@ def main() -> None:
             if args.processes:
                 variants[(CHILD_PROCESS_ROWS[0], workers)] = phalanx_processes(array_path, workers)
                 variants[(CHILD_PROCESS_ROWS[1], workers)] = phalanx_processes(paths, workers)
+                variants[(CHILD_PROCESS_ROWS[2], workers)] = phalanx_processes(
+                    paths, workers, preprocess_tf_port
+                )
             if not args.no_grain:
                 variants[("Grain/ArrayRecord (uint8)", workers)] = GrainPipeline(
                     array_path, workers

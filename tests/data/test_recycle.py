@@ -50,3 +50,25 @@ def test_small_or_mixed_values_are_not_recycled():
     assert recycler.stack([big, big.astype(np.float32)]) is None  # dtypes differ
     out = recycler.stack([big, big])
     assert out.shape == (2, *big.shape) and out.dtype == big.dtype
+
+
+def test_one_native_copy_equals_numpys_stack_for_every_dtype():
+    from phalanx._src.image import opencv
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.uint8, np.int8, np.float16, np.float32, np.int64, np.float64, bool):
+        for shape in [(7,), (5, 3), (9, 4, 3), (2, 3, 4, 5)]:
+            values = [(rng.normal(size=shape) * 50).astype(dtype) for _ in range(6)]
+            out = np.full((6, *shape), 7, dtype)
+            assert opencv.stack_into(values, out) == (opencv.version() is not None)
+            if opencv.version() is not None:
+                np.testing.assert_array_equal(out, np.stack(values))
+
+
+def test_a_strided_value_falls_back_to_numpy_with_the_same_rows():
+    from phalanx._src.image import opencv
+
+    big = np.arange(2 * MIN_BYTES // 4, dtype=np.float32).reshape(-1, 8)
+    values = [big[:, ::2], big[:, 1::2]]  # not C-contiguous
+    assert not opencv.stack_into(values, np.empty((2, *values[0].shape), np.float32))
+    np.testing.assert_array_equal(Recycler().stack(values), np.stack(values))

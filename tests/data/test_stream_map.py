@@ -168,3 +168,43 @@ def test_leaving_threads_hands_out_the_elements_in_flight_then_maps_inline(monke
     got += [int(v) for v in it]
     assert got == [x * x for x in range(N) if x % 7 != 3]
     assert cursor._width == 0 and cursor._pool is None
+
+
+def test_the_consumers_own_time_never_holds_the_elements_of_a_width_left(monkeypatch):
+    # The consumer works 1 s (a fake clock) between two requests. After a width change the
+    # elements in flight at the old width are handed out untimed; the next timed element's
+    # own time once ran from the last *timed* hand-out, so it held all of those (39 s
+    # here), and AUTOTUNE took the consumer for the bottleneck at every width.
+    import time
+    import types
+
+    from phalanx._src.data import autotune
+
+    table = {0: 1.0, 1: 0.9, 2: 0.5}
+    _predicted(monkeypatch, table)
+    now = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], thread_time=time.thread_time)
+    monkeypatch.setattr(executors, "time", clock)
+    owns = []
+    consumed = autotune.Tuner.consumed
+
+    def recording(self, own, wait, cpu, fill=False):
+        owns.append(own)
+        return consumed(self, own, wait, cpu, fill)
+
+    monkeypatch.setattr(autotune.Tuner, "consumed", recording)
+    it = iter(_stream(_square, num_parallel_calls=AUTOTUNE))
+    got = []
+    for _ in range(12):
+        got.append(int(next(it)))
+        now[0] += 1.0
+    cursor = _cursor(it)
+    assert cursor._width == 2 and cursor._pending  # tasks in flight
+    table.update({0: 0.5, 2: 1.0})  # inline is now faster: the threads' tasks drain
+    for value in it:
+        got.append(int(value))
+        now[0] += 1.0
+    assert got == [x * x for x in range(N) if x % 7 != 3]
+    assert cursor._width == 0
+    timed = [own for own in owns if own is not None]
+    assert len(timed) > 12 and max(timed) == 1.0

@@ -400,11 +400,14 @@ class _ParallelMapCursor:
 
     def _tune(self, began: float, cpu: float, width: int) -> None:
         tuner, ended = self._tuner, time.perf_counter()
+        own = None if self._returned is None else began - self._returned
+        # The consumer's own time runs from this hand-out to its next request, also after
+        # an element that is not timed: else the next one's would hold every element
+        # handed out between (a width left drains 2 x width tasks).
+        self._returned = ended
         if width != self._width:  # mapped at the width left: not this width's time
             tuner.skipped(1)
             return
-        own = None if self._returned is None else began - self._returned
-        self._returned = ended
         level = tuner.consumed(own, ended - began, time.thread_time() - cpu)
         if not tuner.trial:
             self._budget = None

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from phalanx._src.image import opencv
+
 MIN_BYTES = 1 << 22  # 4 MiB: below glibc's mmap threshold's range, malloc keeps the memory
 KEEP = 4  # arrays kept per shape and dtype: a batch in use, prefetched ones, the next
 
@@ -50,7 +52,9 @@ class Recycler:
         ):
             return None
         out = self._empty((len(values), *shape), dtype)
-        return np.stack(values, out=out)
+        # One GIL release for the whole batch where OpenCV is installed (opencv.stack_into
+        # says why), else NumPy's, one per value.
+        return out if opencv.stack_into(values, out) else np.stack(values, out=out)
 
     def _empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         kept = self._kept.setdefault((shape, dtype.str), [])

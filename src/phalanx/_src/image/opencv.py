@@ -129,6 +129,36 @@ def resize_window_into(
     return out
 
 
+def stack_into(values: list[np.ndarray] | tuple[np.ndarray, ...], out: np.ndarray) -> bool:
+    """Copies arrays of one shape and dtype into the rows of `out` in one native call, or
+    returns False (OpenCV missing, or a value that is not C-contiguous) for the caller's
+    `np.stack(values, out=out)`.
+
+    Why: NumPy releases and takes back the GIL for each value it copies. A streaming
+    batch is stacked in the consuming thread, which then waits behind every map thread
+    holding the GIL, once per element: with 16 threads of a GIL-heavy map that wait, not
+    the copy, decides how fast batches come. `cv2.vconcat` of each value's bytes as one
+    row copies the whole batch with one release (a batch of 64 float32 224x224x3 images
+    under GIL contention: 0.10 ms of GIL held against 0.68 ms).
+
+    Example:
+      >>> out = np.empty((64, 224, 224, 3), np.float32)
+      >>> stack_into(images, out) or np.stack(images, out=out)
+    """
+    if _cv2 is None or not out.flags.c_contiguous or out.nbytes == 0:
+        return False
+    rows = []
+    for value in values:
+        if not value.flags.c_contiguous:
+            return False
+        rows.append(value.reshape(1, -1).view(np.uint8))  # its bytes, as one row
+    if rows[0].shape[1] >= 2**31:  # a Mat's columns are an int
+        return False
+    target = out.reshape(len(rows), -1).view(np.uint8)
+    _check_in_place(_cv().vconcat(rows, target), target, "vconcat")
+    return True
+
+
 def _check_in_place(result: np.ndarray, target: np.ndarray, what: str) -> None:
     """OpenCV returns a new array, silently, where it cannot write into `dst`: an error."""
     if result is not target:
