@@ -155,7 +155,8 @@ def stack_into(values: list[np.ndarray] | tuple[np.ndarray, ...], out: np.ndarra
     if rows[0].shape[1] >= 2**31:  # a Mat's columns are an int
         return False
     target = out.reshape(len(rows), -1).view(np.uint8)
-    _check_in_place(_cv().vconcat(rows, target), target, "vconcat")
+    # (vconcat copies in the calling thread: OpenCV's thread setting is left as it is.)
+    _check_in_place(_cv2.vconcat(rows, target), target, "vconcat")
     return True
 
 
