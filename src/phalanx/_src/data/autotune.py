@@ -6,9 +6,11 @@ others); in the consumer, its own time between two requests (`own`), its waits, 
 CPU it spends taking an element from the workers (`handle`). The model is tf.data's
 autotuner's, with the GIL as one more shared resource: an element alone takes `w0`
 (timed inline), so inline an element comes every `w0 + own`; m workers deliver
-`S(m) = m / (1 + s (m - 1))` elements per `w0` (Amdahl's law: `s`, the serial share, is
-what an element computed beside others loses to them; ~1 or more for a map that holds
-the GIL, ~0 for one that releases it), so an element comes every
+`S(m) = m / (1 + s(m) (m - 1))` elements per `w0`: `s(m)`, the serial share, is what an
+element beside m - 1 others loses to them (~1 or more for a map that holds the GIL, ~0
+for one that releases it), a line `sigma + kappa m` fitted to the widths measured (the
+universal scalability law: each GIL hand-over wakes one of more waiters; `kappa = 0` is
+Amdahl's), so past some width more threads are slower. An element comes every
 `max(own + handle, w0 / S(m))`. AUTOTUNE runs the fewest workers within `MARGIN` of the
 best, capped by the cores. `s` shows only where elements run side by side: while it is
 unknown or stale, one burst of 2 threads measures it (2 elements, no more, the second
@@ -86,7 +88,8 @@ class Tuner:
         self.elements = 0  # handed to the consumer so far
         self.changed_at = 0  # elements handed out when `choice` last changed
         self._lock = threading.Lock()
-        self._alone, self._cpu0, self._serial = _Mean(), _Mean(), _Mean()  # inline, and s
+        self._alone, self._cpu0 = _Mean(), _Mean()  # an element computed inline
+        self._shares: dict[int, _Mean] = {}  # width: the serial share measured there
         self._own, self._handle = _Mean(_BURSTS), _Mean()  # the consumer's, at any width
         self._wall, self._cpu = _Mean(), _Mean()  # an element's, at `level`
         self._interval = _Mean(_BURSTS)  # the consumer's, at `level`
@@ -95,7 +98,8 @@ class Tuner:
         self._due = 1  # `_timed` at the next decision
         self._serial_until = 0  # the serial share is trusted until then (elements)
         if kind != "thread":  # no GIL between processes
-            self._serial.add(0.0)
+            self._shares[2] = _Mean()
+            self._shares[2].add(0.0)
             self._serial_until = sys.maxsize
 
     @property
@@ -137,7 +141,8 @@ class Tuner:
                 beside = others * wall if beside is None else beside / count
                 excess = max(wall - self._alone.value, 0.0)
                 if beside > 0.1 * wall and beside > others * excess:
-                    self._serial.add(excess / (beside - others * excess), count)
+                    share = self._shares.setdefault(width, _Mean())
+                    share.add(excess / (beside - others * excess), count)
                     self._serial_until = max(self._serial_until, self.elements + CHECK)
 
     def consumed(self, own: float | None, wait: float, cpu: float, fill: bool = False) -> int:
@@ -164,11 +169,20 @@ class Tuner:
         with self._lock:
             self.elements += count
 
-    def _predict(self, width: int, serial: float | None) -> float:
-        """Seconds between two elements the consumer takes, with `width` workers: from
-        their measured walls at the current width (or the consumer's intervals, if
-        longer; a burst's by the serial share it measured) and at widths measured lately,
-        else from the model (`serial` None: not known, taken as 0)."""
+    def _serial(self) -> tuple[float, float]:
+        """(sigma, kappa) of the serial share `s(m) = sigma + kappa m` (the module doc):
+        least squares over the widths measured, weighted by their samples."""
+        points = [(m, mean.value, min(mean.count, _SPAN)) for m, mean in self._shares.items()]
+        total = sum(w for _, _, w in points)
+        m_bar, s_bar = (sum(p[i] * p[2] for p in points) / total for i in (0, 1))
+        spread = sum(w * (m - m_bar) ** 2 for m, _, w in points)
+        slope = sum(w * (m - m_bar) * (v - s_bar) for m, v, w in points) / spread if spread else 0
+        return s_bar - max(slope, 0.0) * m_bar, max(slope, 0.0)
+
+    def _predict(self, width: int, serial: tuple[float, float] | None) -> float:
+        """Seconds between two elements the consumer takes, with `width` workers: measured
+        at the current width (walls, or the consumer's intervals if longer; a burst's by
+        its share) and at widths measured lately, else the model (`serial` None: s = 0)."""
         alone = self._alone.value
         own = self._own.value or 0.0
         if width == 0:
@@ -180,12 +194,13 @@ class Tuner:
         interval, until = self._seen.get(width, (0.0, 0))
         if self.elements < until:
             return interval
-        return max(floor, alone * (1 + (serial or 0.0) * (width - 1)) / width)
+        share = 0.0 if serial is None else max(serial[0] + serial[1] * width, 0.0)
+        return max(floor, alone * (1 + share * (width - 1)) / width)
 
     def _decide(self) -> None:
         level = self.level
-        known = self._serial.value is not None and self.elements < self._serial_until
-        serial = self._serial.value if known else None
+        known = bool(self._shares) and self.elements < self._serial_until
+        serial = self._serial() if known else None
         predicted = [self._predict(m, serial) for m in range(self.max_level + 1)]
         best = min(predicted)
         pick = next(m for m, t in enumerate(predicted) if t <= best * (1 + MARGIN))
@@ -201,10 +216,8 @@ class Tuner:
         fresh = self.elements < self._seen.get(pick, (0.0, 0))[1]
         # (Elements too short to overlap leave it unknown: then the width runs on, measured.)
         self.trial = pick >= 2 and not known and not fresh and not self.trial
-        if self.trial:  # one burst of 2 measures the serial share again
-            # (added to the earlier bursts' mean: one burst beside a GIL-holding batch
-            # stacking in the consumer reads as a serial share of 1 or more)
-            pick = 2
+        if self.trial:  # one burst of 2 measures the serial share again (into the mean
+            pick = 2  # of the earlier ones: one burst beside a batch's stacking reads high)
         self._due = self._timed + (pick if self.trial else CHECK)
         if pick != level:
             self.level, self._wall, self._cpu = pick, _Mean(), _Mean()
@@ -238,12 +251,12 @@ class Tuner:
 
         text = f"{head}; an element alone: {ms(self.alone)} ({ms(self._cpu0.value)} of CPU)"
         if self.level and self._wall.value is not None:
-            text += (
-                f", with {self._name(self.level)}: {ms(self._wall.value)} "
-                f"({ms(self._cpu.value)} of CPU)"
-            )
-        serial = self._serial.value
-        share = "not measured" if serial is None else f"{serial:.2f}"
+            text += f", with {self._name(self.level)}: {ms(self._wall.value)} "
+            text += f"({ms(self._cpu.value)} of CPU)"
+        serial = self._serial() if self._shares else None
+        share = "not measured" if serial is None else f"{serial[0] + 2 * serial[1]:.2f}"
+        if serial and serial[1]:  # as at 2 workers, and its growth
+            share += f" with 2 workers, {serial[1]:+.3f} a worker"
         times = ", ".join(
             f"{self._name(m)} {ms(self._predict(m, serial))}" for m in range(self.max_level + 1)
         )
@@ -259,11 +272,9 @@ class Autotuned:
 
     `fetch(step)` computes element `step` in the calling thread; `open(width, start, stop,
     stagger)` opens `width` workers for elements start..stop-1, the n-th started n *
-    stagger seconds late (a burst's): `next()` returns them in order,
-    `cost` is the last one's (wall, cpu[, beside]) where computed, `drain()` takes those in
-    flight, which a width change hands out next, in order (elements are pure functions of
-    their step: the elements and the iterator's state are those of computing them one by
-    one). A burst starts exactly its 2 elements: a GIL-bound map pays for those only.
+    stagger seconds late (a burst's, which starts exactly its 2 elements): their `next()`
+    returns them in order, `cost` the last one's (wall, cpu[, beside]), `drain()` those in
+    flight, handed out next at a width change (elements are pure functions of their step).
     """
 
     def __init__(
