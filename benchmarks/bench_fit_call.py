@@ -191,41 +191,38 @@ def main() -> int:
     print("the loop's:", top_level_ops(loop_compiled), "all:", all_ops(loop_compiled))
     print("fastest:", top_level_ops(fast_compiled), "all:", all_ops(fast_compiled))
 
-    def time_fit(calls: int) -> list[float]:
+    def fit_once():
         nonlocal metrics, others
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            metrics, others, logs, _ = call(metrics, others, *rest)
-            float(logs[0])
-            times.append((time.perf_counter() - start) / k * 1e6)
-        return times
+        metrics, others, logs, _ = call(metrics, others, *rest)
+        return logs[0]
 
-    def time_loop(calls: int) -> list[float]:
+    def loop_once():
         nonlocal state
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            state, loss = step(state, batch)
-            float(loss)
-            times.append((time.perf_counter() - start) / k * 1e6)
-        return times
+        state, loss = step(state, batch)
+        return loss
 
-    def time_fast(calls: int) -> list[float]:
+    def fast_once():
         nonlocal fast_state
+        fast_state, loss = fast(fast_state, fast_data)
+        return loss
+
+    def timed(once, calls: int) -> list[float]:
+        """Microseconds per step of `calls` calls of `once`, each waited for."""
         times = []
         for _ in range(calls):
             start = time.perf_counter()
-            fast_state, loss = fast(fast_state, fast_data)
-            float(loss)
+            float(once())
             times.append((time.perf_counter() - start) / k * 1e6)
         return times
 
     calls = max(1, args.steps // k)
-    time_fit(max(1, 50 // k)), time_loop(max(1, 50 // k)), time_fast(max(1, 50 // k))
+    for once in (fit_once, loop_once, fast_once):  # warm-up
+        timed(once, max(1, 50 // k))
     fits, loops, fasts = [], [], []
     for r in range(args.rounds):  # interleaved: a slow spell hits all three
-        fit_times, loop_times, fast_times = time_fit(calls), time_loop(calls), time_fast(calls)
+        fit_times, loop_times, fast_times = (
+            timed(f, calls) for f in (fit_once, loop_once, fast_once)
+        )
         fits += fit_times
         loops += loop_times
         fasts += fast_times
